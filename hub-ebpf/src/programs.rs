@@ -1,0 +1,265 @@
+use core::{
+    ffi::c_void,
+    ptr::{addr_of, addr_of_mut, read_volatile, write_volatile},
+};
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuHashMap},
+    helpers::{
+        bpf_get_current_pid_tgid,
+        generated::{bpf_get_current_cgroup_id, bpf_get_socket_cookie},
+    },
+    macros::{btf_map, cgroup_sock_addr, sock_ops},
+    programs::{SockAddrContext, SockOpsContext},
+};
+use aya_log_ebpf::warn;
+use hub_ebpf::{Endpoint, FourTuple, MAX_ORIGINS, MAX_VIPS, Origin, Settings, VipStats, VipTarget};
+
+const ALLOW: i32 = 1;
+const SOCK_STREAM: u32 = 1;
+const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
+const TCP_CLOSE: u32 = 7;
+
+#[btf_map]
+static HUB_SETTINGS: Array<Settings, 1> = Array::new();
+
+/// VIP -> hub listener. Filled by user space, one entry per listener it has opened.
+#[btf_map]
+static HUB_VIPS: HashMap<Endpoint, VipTarget, { MAX_VIPS as usize }> = HashMap::new();
+
+/// VIP -> counters, per CPU (no atomics needed; user space sums the CPUs). User space
+/// creates the entry with the VIP; programs only increment.
+#[btf_map]
+static HUB_VIP_STATS: PerCpuHashMap<Endpoint, VipStats, { MAX_VIPS as usize }> =
+    PerCpuHashMap::new();
+
+/// Socket cookie -> origin, between connect() and the moment the source port is known.
+/// LRU so a connect that fails before TCP_CONNECT_CB cannot leak an entry forever.
+#[btf_map]
+static HUB_PENDING: LruHashMap<u64, Origin, { MAX_ORIGINS as usize }> = LruHashMap::new();
+
+/// Client/hub 4-tuple -> origin, read by the hub on accept, deleted when the socket closes.
+#[btf_map]
+static HUB_ORIGINS: LruHashMap<FourTuple, Origin, { MAX_ORIGINS as usize }> = LruHashMap::new();
+
+#[derive(Clone, Copy)]
+enum Counter {
+    Redirected,
+    Bypassed,
+    Errors,
+}
+
+#[inline(always)]
+fn count(vip: &Endpoint, counter: Counter) {
+    let Some(stats) = HUB_VIP_STATS.get_ptr_mut(vip) else {
+        return;
+    };
+    // SAFETY: the pointer comes from a successful lookup of this CPU's slot. Migration is
+    // disabled while a program runs; a rare same-CPU preemption may lose an increment, which
+    // is acceptable for diagnostic counters.
+    unsafe {
+        match counter {
+            Counter::Redirected => (*stats).redirected += 1,
+            Counter::Bypassed => (*stats).bypassed += 1,
+            Counter::Errors => (*stats).errors += 1,
+        }
+    }
+}
+
+/// Reads a 16-byte address one 4-byte word at a time (the verifier rejects wider ctx loads).
+#[inline(always)]
+unsafe fn read_words(words: *const [u32; 4]) -> [u32; 4] {
+    let p = words.cast::<u32>();
+    // SAFETY: the caller passes a pointer to a ctx field of four u32 words.
+    unsafe {
+        [
+            read_volatile(p),
+            read_volatile(p.add(1)),
+            read_volatile(p.add(2)),
+            read_volatile(p.add(3)),
+        ]
+    }
+}
+
+#[inline(always)]
+unsafe fn write_words(words: *mut [u32; 4], value: [u32; 4]) {
+    let p = words.cast::<u32>();
+    // SAFETY: as read_words; sock_addr allows 4-byte writes to user_ip6[i].
+    unsafe {
+        write_volatile(p, value[0]);
+        write_volatile(p.add(1), value[1]);
+        write_volatile(p.add(2), value[2]);
+        write_volatile(p.add(3), value[3]);
+    }
+}
+
+/// The decision shared by connect4 and connect6: is this connect to a VIP, is it the hub's
+/// own socket, and if redirected, remember who asked. Returns the new destination.
+#[inline(always)]
+fn redirect_target(ctx: &SockAddrContext, dst: &Endpoint) -> Option<Endpoint> {
+    let sa = ctx.sock_addr;
+    let settings = HUB_SETTINGS.get(0)?;
+    if settings.enabled == 0 {
+        return None;
+    }
+    // SAFETY: ctx fields of a live sock_addr context.
+    if unsafe { (*sa).type_ } != SOCK_STREAM {
+        return None;
+    }
+    // SAFETY: plain map lookup; the value is copied out immediately.
+    let target = unsafe { *HUB_VIPS.get(dst)? };
+
+    // SAFETY: ctx->sk is always a valid socket for connect hooks.
+    let sk = unsafe { (*sa).__bindgen_anon_1.sk };
+    if !sk.is_null() && settings.bypass_mark != 0 && unsafe { (*sk).mark } == settings.bypass_mark {
+        count(dst, Counter::Bypassed);
+        return None;
+    }
+
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // SAFETY: helpers allowed in cgroup/connect programs.
+    let (cookie, cgroup_id) = unsafe {
+        (
+            bpf_get_socket_cookie(ctx.as_ptr()),
+            bpf_get_current_cgroup_id(),
+        )
+    };
+    let origin = Origin {
+        original_dst: *dst,
+        pid: (pid_tgid >> 32) as u32,
+        cgroup_id,
+    };
+    if HUB_PENDING.insert(cookie, origin, 0).is_err() {
+        // Still redirect: the hub can serve the connection, it just will not know the origin.
+        warn!(ctx, "hub: pending-origin map update failed");
+        count(dst, Counter::Errors);
+    }
+    count(dst, Counter::Redirected);
+    Some(target.target)
+}
+
+#[cgroup_sock_addr(connect4)]
+pub fn hub_connect4(ctx: SockAddrContext) -> i32 {
+    let sa = ctx.sock_addr;
+    // SAFETY: 4-byte ctx reads.
+    let (ip, port) = unsafe { ((*sa).user_ip4, (*sa).user_port) };
+    let dst = Endpoint::v4(ip, u16::from_be(port as u16));
+    if let Some(target) = redirect_target(&ctx, &dst) {
+        if target.is_v4() {
+            // SAFETY: 4-byte ctx writes allowed for connect4.
+            unsafe {
+                (*sa).user_ip4 = target.addr[3];
+                (*sa).user_port = u32::from(target.port.to_be());
+            }
+        }
+    }
+    ALLOW
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn hub_connect6(ctx: SockAddrContext) -> i32 {
+    let sa = ctx.sock_addr;
+    // SAFETY: word-wise ctx reads. IPv4-mapped destinations come out in the mapped form
+    // that the VIP table uses for IPv4 VIPs, so one lookup covers both cases.
+    let (addr, port) = unsafe { (read_words(addr_of!((*sa).user_ip6)), (*sa).user_port) };
+    let dst = Endpoint {
+        addr,
+        port: u16::from_be(port as u16),
+        _pad: 0,
+    };
+    if let Some(target) = redirect_target(&ctx, &dst) {
+        // SAFETY: word-wise ctx writes allowed for connect6.
+        unsafe {
+            write_words(addr_of_mut!((*sa).user_ip6), target.addr);
+            (*sa).user_port = u32::from(target.port.to_be());
+        }
+    }
+    ALLOW
+}
+
+/// The connection's endpoints from the connecting socket's side: local = client.
+#[inline(always)]
+fn four_tuple(ctx: &SockOpsContext) -> Option<FourTuple> {
+    let ops = ctx.ops;
+    // SAFETY: 4-byte reads of sock_ops ctx fields. local_port is host order; remote_port is
+    // network order in the upper half on little-endian, hence from_be on the whole word.
+    unsafe {
+        let local_port = (*ops).local_port as u16;
+        let remote_port = u32::from_be((*ops).remote_port) as u16;
+        match (*ops).family {
+            AF_INET => Some(FourTuple {
+                client: Endpoint::v4((*ops).local_ip4, local_port),
+                hub: Endpoint::v4((*ops).remote_ip4, remote_port),
+            }),
+            AF_INET6 => Some(FourTuple {
+                client: Endpoint {
+                    addr: read_words(addr_of!((*ops).local_ip6)),
+                    port: local_port,
+                    _pad: 0,
+                },
+                hub: Endpoint {
+                    addr: read_words(addr_of!((*ops).remote_ip6)),
+                    port: remote_port,
+                    _pad: 0,
+                },
+            }),
+            _ => None,
+        }
+    }
+}
+
+#[sock_ops]
+pub fn hub_sock_ops(ctx: SockOpsContext) -> u32 {
+    match ctx.op() {
+        BPF_SOCK_OPS_TCP_CONNECT_CB => on_tcp_connect(&ctx),
+        BPF_SOCK_OPS_STATE_CB if ctx.arg(1) == TCP_CLOSE => on_close(&ctx),
+        _ => {}
+    }
+    1
+}
+
+/// The source port is now bound: re-key the pending origin by 4-tuple, and ask for a state
+/// callback so the entry is removed when the socket closes.
+#[inline(always)]
+fn on_tcp_connect(ctx: &SockOpsContext) {
+    // SAFETY: helper allowed for sock_ops.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast::<c_void>()) };
+    // SAFETY: copied out of the map immediately.
+    let Some(origin) = (unsafe { HUB_PENDING.get(cookie) }).copied() else {
+        return;
+    };
+    let _ = HUB_PENDING.remove(cookie);
+    let Some(tuple) = four_tuple(ctx) else {
+        count(&origin.original_dst, Counter::Errors);
+        return;
+    };
+    if HUB_ORIGINS.insert(tuple, origin, 0).is_err() {
+        count(&origin.original_dst, Counter::Errors);
+        return;
+    }
+    if ctx
+        .set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
+        .is_err()
+    {
+        count(&origin.original_dst, Counter::Errors);
+    }
+}
+
+#[inline(always)]
+fn on_close(ctx: &SockOpsContext) {
+    if let Some(tuple) = four_tuple(ctx) {
+        let _ = HUB_ORIGINS.remove(tuple);
+    }
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}

@@ -1,0 +1,143 @@
+//! The admin port: `/healthz`, `/readyz`, `/v1/status` (JSON), and the client side used by
+//! `hub status`.
+use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode, body::Incoming, service::service_fn};
+use hyper_util::rt::TokioIo;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    sync::watch,
+};
+
+use crate::state::{HubState, StatusReport};
+
+fn respond(code: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(code)
+        .header("content-type", content_type)
+        .body(Full::new(body.into()))
+        .expect("static response parts are valid")
+}
+
+fn route(state: &HubState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    match req.uri().path() {
+        "/healthz" | "/livez" => respond(StatusCode::OK, "text/plain", "ok"),
+        "/readyz" if state.is_ready() => respond(StatusCode::OK, "text/plain", "ok"),
+        "/readyz" => respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready"),
+        "/v1/status" => match serde_json::to_vec(&state.report()) {
+            Ok(json) => respond(StatusCode::OK, "application/json", json),
+            Err(e) => respond(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                e.to_string(),
+            ),
+        },
+        _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found"),
+    }
+}
+
+/// Serves the admin endpoints until `shutdown` turns true.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<HubState>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        };
+        let Ok((stream, _)) = accepted else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let resp = route(&state, &req);
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = conn.await;
+        });
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminClientError {
+    #[error("cannot reach the hub admin port {addr}: {source} (is `hub run` running?)")]
+    Connect {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("bad answer from {addr}: {reason}")]
+    Answer { addr: SocketAddr, reason: String },
+}
+
+/// Fetches `/v1/status` from a running hub.
+pub async fn fetch_status(addr: SocketAddr) -> Result<StatusReport, AdminClientError> {
+    let connect_err = |source| AdminClientError::Connect { addr, source };
+    let answer_err = |reason: String| AdminClientError::Answer { addr, reason };
+    let mut stream = tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(addr))
+        .await
+        .map_err(|_| connect_err(std::io::ErrorKind::TimedOut.into()))?
+        .map_err(connect_err)?;
+    let request = format!("GET /v1/status HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(connect_err)?;
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
+        .await
+        .map_err(|_| answer_err("timed out".into()))?
+        .map_err(|e| answer_err(e.to_string()))?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| answer_err("no HTTP header end".into()))?;
+    let head = String::from_utf8_lossy(&raw[..split]);
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(answer_err(
+            head.lines().next().unwrap_or_default().to_string(),
+        ));
+    }
+    serde_json::from_slice(&raw[split + 4..]).map_err(|e| answer_err(e.to_string()))
+}
+
+/// Human-readable form for `hub status`.
+pub fn render(s: &StatusReport) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let intercept = match &s.intercept {
+        crate::state::InterceptState::Unavailable(why) => format!("unavailable: {why}"),
+        other => format!("{other:?}").to_lowercase(),
+    };
+    let _ = writeln!(out, "node:         {} (hub {})", s.node_name, s.version);
+    let _ = writeln!(out, "ready:        {}", if s.ready { "yes" } else { "no" });
+    let _ = writeln!(
+        out,
+        "interception: {intercept} (eBPF object {})",
+        s.ebpf_object
+    );
+    for v in &s.vips {
+        let _ = writeln!(out, "  vip {} -> {}", v.vip, v.listener);
+    }
+    let c = &s.connections;
+    let _ = writeln!(
+        out,
+        "connections:  {} accepted, {} active, origin known {} / unknown {}, upstream failures {}",
+        c.accepted, c.active, c.origin_known, c.origin_unknown, c.upstream_failed
+    );
+    let _ = writeln!(
+        out,
+        "bytes:        {} to cloud, {} from cloud",
+        c.bytes_to_cloud, c.bytes_from_cloud
+    );
+    out
+}

@@ -1,0 +1,214 @@
+//! The command line: `hub run | status | bpf status | uninstall`.
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::{admin, config::Config, daemon, intercept};
+
+#[derive(Parser)]
+#[command(
+    name = "hub",
+    version,
+    about = "Node agent between a node's clients and the cloud kube-apiserver",
+    long_about = "hub runs on every edge node. An eBPF program redirects connections aimed at the \
+apiserver (the kubernetes Service, the servers in kubelet/kube-proxy kubeconfigs, configured VIPs) \
+to it, with no kubeconfig changes; it forwards them to the cloud and keeps the node working when \
+the cloud is unreachable. If hub dies, its eBPF links die with it and traffic goes straight to the \
+cloud again."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon.
+    Run(RunArgs),
+    /// Ask a running hub (its admin port) for its state.
+    Status {
+        /// Admin address of the hub.
+        #[arg(long, default_value = "127.0.0.1:10267")]
+        admin: SocketAddr,
+        #[arg(long, short, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// eBPF interception: programs, links, the VIP table and its counters.
+    Bpf {
+        #[command(subcommand)]
+        command: BpfCommand,
+    },
+    /// Detach every program the hub attached and remove every pin it made. Safe to run twice.
+    Uninstall {
+        /// bpffs directory of the pins (intercept.pinPath).
+        #[arg(long, default_value = "/sys/fs/bpf/hub")]
+        pin_path: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum BpfCommand {
+    /// Show what is pinned, attached and counted (the same maps `bpftool map dump pinned` reads).
+    Status {
+        /// bpffs directory of the pins (intercept.pinPath).
+        #[arg(long, default_value = "/sys/fs/bpf/hub")]
+        pin_path: PathBuf,
+        #[arg(long, short, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// YAML configuration file (see README for every key and its default).
+    #[arg(long, short)]
+    config: PathBuf,
+    /// Override nodeName.
+    #[arg(long)]
+    node_name: Option<String>,
+    /// Override cloud.servers (repeat for several).
+    #[arg(long = "cloud-server")]
+    cloud_servers: Vec<String>,
+    /// Override intercept.cgroupPath.
+    #[arg(long)]
+    cgroup_path: Option<PathBuf>,
+    /// Override intercept.pinPath.
+    #[arg(long)]
+    pin_path: Option<PathBuf>,
+    /// Turn interception off (intercept.enabled: false).
+    #[arg(long)]
+    no_intercept: bool,
+    /// Override listen.admin.
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+    /// Log filter (tracing EnvFilter syntax), also from RUST_LOG.
+    #[arg(long, default_value = "info")]
+    log: String,
+}
+
+/// Exit code for configuration errors, as the contract says.
+const EXIT_CONFIG: u8 = 2;
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run(args),
+        Command::Status { admin, output } => with_runtime(async move {
+            let report = admin::fetch_status(admin)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(match output {
+                Output::Json => serde_json::to_string_pretty(&report).unwrap(),
+                Output::Text => admin::render(&report),
+            })
+        }),
+        Command::Bpf {
+            command: BpfCommand::Status { pin_path, output },
+        } => print_result(
+            intercept::read_status(&pin_path)
+                .map_err(|e| e.to_string())
+                .map(|s| match output {
+                    Output::Json => serde_json::to_string_pretty(&s).unwrap(),
+                    Output::Text => intercept::status::render(&s),
+                }),
+        ),
+        Command::Uninstall { pin_path } => print_result(
+            intercept::uninstall(&pin_path)
+                .map(|u| {
+                    format!(
+                        "detached {} link(s), removed {} pin(s) from {}",
+                        u.links_detached,
+                        u.pins_removed,
+                        pin_path.display()
+                    )
+                })
+                .map_err(|e| format!("uninstall: {e}")),
+        ),
+    }
+}
+
+fn print_result(r: Result<String, String>) -> ExitCode {
+    match r {
+        Ok(text) => {
+            print!("{text}");
+            if !text.ends_with('\n') {
+                println!();
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("hub: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn with_runtime(f: impl Future<Output = Result<String, String>>) -> ExitCode {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    print_result(rt.block_on(f))
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let mut config = match Config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("hub: invalid config: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    if let Some(n) = args.node_name {
+        config.node_name = n;
+    }
+    if !args.cloud_servers.is_empty() {
+        config.cloud.servers = args.cloud_servers;
+    }
+    if let Some(p) = args.cgroup_path {
+        config.intercept.cgroup_path = p;
+    }
+    if let Some(p) = args.pin_path {
+        config.intercept.pin_path = p;
+    }
+    if args.no_intercept {
+        config.intercept.enabled = false;
+    }
+    if let Some(a) = args.admin {
+        config.listen.admin = a;
+    }
+    if let Err(e) = config.validate() {
+        eprintln!("hub: invalid config {}: {e}", args.config.display());
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    init_tracing(&args.log);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match rt.block_on(daemon::run(Arc::new(config))) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("hub: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(default: &str) {
+    use tracing_subscriber::{EnvFilter, util::SubscriberInitExt};
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .finish()
+        .try_init();
+}

@@ -1,0 +1,486 @@
+//! The one configuration: YAML file (design.md §3), command-line overrides, validation.
+//!
+//! Parsed and validated once at start, then shared as `Arc<Config>`. Every field has a
+//! default except `nodeName`. Errors name the field and the reason on one line.
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Deserializer};
+
+use crate::upstream::ServerUrl;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: field `{field}`: {reason}")]
+    Parse {
+        path: PathBuf,
+        field: String,
+        reason: String,
+    },
+    #[error("field `{field}`: {reason}")]
+    Invalid { field: String, reason: String },
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Config {
+    /// This node's name as the cloud knows it. Required.
+    pub node_name: String,
+    /// The node pool; no pool means no coordinator.
+    #[serde(default)]
+    pub pool_name: Option<String>,
+    #[serde(default)]
+    pub cloud: CloudConfig,
+    #[serde(default)]
+    pub intercept: InterceptConfig,
+    #[serde(default)]
+    pub listen: ListenConfig,
+    #[serde(default)]
+    pub tls: TlsConfig,
+    #[serde(default)]
+    pub cache: CacheConfig,
+    #[serde(default)]
+    pub coordinator: CoordinatorConfig,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CloudConfig {
+    /// Cloud apiserver URLs (`https://host:port`), balanced and health-checked.
+    #[serde(default)]
+    pub servers: Vec<String>,
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// A kubeconfig (e.g. kubelet's) to take the node identity and servers from.
+    pub kubeconfig: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InterceptConfig {
+    /// Redirect apiserver-bound connects with eBPF. Off: only the explicit listeners serve.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// The cgroup v2 directory the programs attach to (every process below it is covered).
+    #[serde(default = "default_cgroup_path")]
+    pub cgroup_path: PathBuf,
+    /// Where redirected IPv4 connections land; must be reachable from pod namespaces.
+    #[serde(default = "default_hub_address")]
+    pub hub_address: IpAddr,
+    /// Where redirected IPv6 connections land; needed only for IPv6 VIPs.
+    #[serde(default)]
+    pub hub_address6: Option<IpAddr>,
+    /// apiserver addresses (`ip:port`, `[ip6]:port`) whose connects are redirected.
+    #[serde(default)]
+    pub vips: Vec<String>,
+    /// kubeconfigs whose `server:` addresses are added to the VIPs (kubelet, kube-proxy).
+    #[serde(default)]
+    pub kubeconfigs: Vec<PathBuf>,
+    /// SO_MARK on the hub's own upstream sockets, so they are never redirected.
+    #[serde(default = "default_bypass_mark", deserialize_with = "int_or_hex")]
+    pub bypass_mark: u32,
+    /// bpffs directory for the pinned maps.
+    #[serde(default = "default_pin_path")]
+    pub pin_path: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListenConfig {
+    /// Plain HTTP proxy for explicitly configured clients.
+    #[serde(default = "default_proxy")]
+    pub proxy: SocketAddr,
+    /// TLS proxy on the hub address.
+    #[serde(default = "default_tls_proxy")]
+    pub tls_proxy: SocketAddr,
+    /// Admin: /healthz, /readyz, /metrics, /v1/status.
+    #[serde(default = "default_admin")]
+    pub admin: SocketAddr,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub client_ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CacheConfig {
+    /// Local state directory (cache store, key ownership, certificates).
+    #[serde(default = "default_cache_dir")]
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CoordinatorConfig {
+    /// etcd members of the pool coordinator.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    /// Key prefix, as kube-apiserver's --etcd-prefix.
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+    /// Resources the pool leader syncs for the whole pool.
+    #[serde(default = "default_pool_scope")]
+    pub pool_scope_resources: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_cgroup_path() -> PathBuf {
+    "/sys/fs/cgroup".into()
+}
+fn default_hub_address() -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(169, 254, 2, 1))
+}
+fn default_bypass_mark() -> u32 {
+    0x2a6
+}
+fn default_pin_path() -> PathBuf {
+    "/sys/fs/bpf/hub".into()
+}
+fn default_proxy() -> SocketAddr {
+    "127.0.0.1:10261".parse().unwrap()
+}
+fn default_tls_proxy() -> SocketAddr {
+    "169.254.2.1:10268".parse().unwrap()
+}
+fn default_admin() -> SocketAddr {
+    "127.0.0.1:10267".parse().unwrap()
+}
+fn default_cache_dir() -> PathBuf {
+    "/var/lib/hub".into()
+}
+fn default_prefix() -> String {
+    "/registry".into()
+}
+fn default_pool_scope() -> Vec<String> {
+    [
+        "/v1/services",
+        "/v1/endpoints",
+        "discovery.k8s.io/v1/endpointslices",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+impl Default for InterceptConfig {
+    fn default() -> Self {
+        InterceptConfig {
+            enabled: true,
+            cgroup_path: default_cgroup_path(),
+            hub_address: default_hub_address(),
+            hub_address6: None,
+            vips: vec![],
+            kubeconfigs: vec![],
+            bypass_mark: default_bypass_mark(),
+            pin_path: default_pin_path(),
+        }
+    }
+}
+impl Default for ListenConfig {
+    fn default() -> Self {
+        ListenConfig {
+            proxy: default_proxy(),
+            tls_proxy: default_tls_proxy(),
+            admin: default_admin(),
+        }
+    }
+}
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            dir: default_cache_dir(),
+        }
+    }
+}
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig {
+            endpoints: vec![],
+            prefix: default_prefix(),
+            pool_scope_resources: default_pool_scope(),
+        }
+    }
+}
+
+/// Accepts `678`, `0x2a6` (YAML int) or `"0x2a6"` (string).
+fn int_or_hex<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Int(u32),
+        Str(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Int(v) => Ok(v),
+        Raw::Str(s) => {
+            let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+                Some(hex) => u32::from_str_radix(hex, 16),
+                None => s.parse(),
+            };
+            parsed.map_err(|_| serde::de::Error::custom(format!("`{s}` is not a 32-bit integer")))
+        }
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let config = Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { field, reason, .. } => ConfigError::Parse {
+                path: path.to_owned(),
+                field,
+                reason,
+            },
+            other => other,
+        })?;
+        Ok(config)
+    }
+
+    /// Parses YAML text (no validation).
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let de = serde_yaml::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let field = e.path().to_string();
+            let reason = e.into_inner().to_string().replace('\n', " ");
+            ConfigError::Parse {
+                path: PathBuf::new(),
+                field: if field == "." {
+                    "(top level)".into()
+                } else {
+                    field
+                },
+                reason,
+            }
+        })
+    }
+
+    /// Checks everything that parsing alone cannot; the first problem is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !is_dns_subdomain(&self.node_name) {
+            return Err(invalid(
+                "nodeName",
+                format!(
+                    "`{}` is not a valid node name (lowercase DNS subdomain, 1-253 chars)",
+                    self.node_name
+                ),
+            ));
+        }
+        if let Some(pool) = &self.pool_name {
+            if !is_dns_subdomain(pool) {
+                return Err(invalid("poolName", format!("`{pool}` is not a valid name")));
+            }
+        }
+        if self.cloud.servers.is_empty() && self.cloud.kubeconfig.is_none() {
+            return Err(invalid(
+                "cloud.servers",
+                "at least one cloud apiserver URL is required (or cloud.kubeconfig)",
+            ));
+        }
+        for (i, s) in self.cloud.servers.iter().enumerate() {
+            ServerUrl::parse(s).map_err(|reason| invalid(format!("cloud.servers[{i}]"), reason))?;
+        }
+        if self.cloud.cert_file.is_some() != self.cloud.key_file.is_some() {
+            return Err(invalid(
+                "cloud.certFile",
+                "certFile and keyFile must be given together",
+            ));
+        }
+        if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
+            return Err(invalid(
+                "tls.certFile",
+                "certFile and keyFile must be given together",
+            ));
+        }
+        for (i, v) in self.intercept.vips.iter().enumerate() {
+            let vip: SocketAddr = v.parse().map_err(|_| {
+                invalid(
+                    format!("intercept.vips[{i}]"),
+                    format!("`{v}` is not ip:port or [ip6]:port"),
+                )
+            })?;
+            if vip.is_ipv6() && self.intercept.hub_address6.is_none() {
+                return Err(invalid(
+                    format!("intercept.vips[{i}]"),
+                    "an IPv6 VIP needs intercept.hubAddress6",
+                ));
+            }
+        }
+        if !self.intercept.hub_address.is_ipv4() {
+            return Err(invalid(
+                "intercept.hubAddress",
+                "must be an IPv4 address (use hubAddress6 for IPv6)",
+            ));
+        }
+        if let Some(a6) = self.intercept.hub_address6 {
+            if !a6.is_ipv6() {
+                return Err(invalid("intercept.hubAddress6", "must be an IPv6 address"));
+            }
+        }
+        if self.intercept.enabled && self.intercept.bypass_mark == 0 {
+            return Err(invalid(
+                "intercept.bypassMark",
+                "must be non-zero, or the hub's own connections would loop",
+            ));
+        }
+        if !self.intercept.cgroup_path.is_absolute() {
+            return Err(invalid("intercept.cgroupPath", "must be an absolute path"));
+        }
+        if !self.cache.dir.is_absolute() {
+            return Err(invalid("cache.dir", "must be an absolute path"));
+        }
+        if !self.coordinator.prefix.starts_with('/') {
+            return Err(invalid("coordinator.prefix", "must start with `/`"));
+        }
+        for (i, e) in self.coordinator.endpoints.iter().enumerate() {
+            ServerUrl::parse(e)
+                .map_err(|reason| invalid(format!("coordinator.endpoints[{i}]"), reason))?;
+        }
+        if !self.coordinator.endpoints.is_empty() && self.pool_name.is_none() {
+            return Err(invalid(
+                "poolName",
+                "coordinator.endpoints is set but poolName is not",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// RFC 1123 subdomain, as Kubernetes requires of node names.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "nodeName: edge-1\ncloud:\n  servers: [\"https://127.0.0.1:6443\"]\n";
+
+    fn check(text: &str) -> Result<Config, ConfigError> {
+        let c = Config::parse(text)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    #[test]
+    fn minimal_config_gets_documented_defaults() {
+        let c = check(MINIMAL).unwrap();
+        assert_eq!(c.listen.proxy, "127.0.0.1:10261".parse().unwrap());
+        assert_eq!(c.listen.tls_proxy, "169.254.2.1:10268".parse().unwrap());
+        assert_eq!(c.listen.admin, "127.0.0.1:10267".parse().unwrap());
+        assert_eq!(c.intercept.bypass_mark, 0x2a6);
+        assert_eq!(c.cache.dir, PathBuf::from("/var/lib/hub"));
+        assert_eq!(c.coordinator.prefix, "/registry");
+        assert_eq!(c.coordinator.pool_scope_resources.len(), 3);
+        assert!(c.intercept.enabled);
+    }
+
+    #[test]
+    fn design_example_parses() {
+        let text = r#"
+nodeName: edge-1
+poolName: pool-a
+cloud:
+  servers: ["https://10.0.0.10:6443"]
+  caFile: /etc/kubernetes/pki/ca.crt
+intercept:
+  enabled: true
+  cgroupPath: /sys/fs/cgroup
+  hubAddress: 169.254.2.1
+  vips: ["10.96.0.1:443"]
+  bypassMark: 0x2a6
+listen:
+  proxy: 127.0.0.1:10261
+  tlsProxy: 169.254.2.1:10268
+  admin: 127.0.0.1:10267
+cache:
+  dir: /var/lib/hub
+coordinator:
+  endpoints: ["http://127.0.0.1:2379"]
+  prefix: /registry
+  poolScopeResources: ["/v1/services", "/v1/endpoints", "discovery.k8s.io/v1/endpointslices"]
+"#;
+        let c = check(text).unwrap();
+        assert_eq!(c.intercept.bypass_mark, 0x2a6);
+        assert_eq!(c.pool_name.as_deref(), Some("pool-a"));
+    }
+
+    #[test]
+    fn unknown_key_names_its_path() {
+        let e = check("nodeName: a\ncloud:\n  servrs: []\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`cloud`") && e.contains("servrs"), "{e}");
+        assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        let cases = [
+            (
+                "nodeName: Edge_1\ncloud: {servers: [\"https://a:1\"]}",
+                "nodeName",
+            ),
+            ("nodeName: a\n", "cloud.servers"),
+            (
+                "nodeName: a\ncloud: {servers: [\"ftp://a\"]}",
+                "cloud.servers[0]",
+            ),
+            (
+                "nodeName: a\ncloud: {servers: [\"https://a:1\"]}\nintercept: {vips: [\"nope\"]}",
+                "intercept.vips[0]",
+            ),
+            (
+                "nodeName: a\ncloud: {servers: [\"https://a:1\"]}\nlisten: {admin: \"x\"}",
+                "listen.admin",
+            ),
+            (
+                "nodeName: a\ncloud: {servers: [\"https://a:1\"]}\nintercept: {bypassMark: \"zz\"}",
+                "intercept.bypassMark",
+            ),
+            (
+                "nodeName: a\ncloud: {servers: [\"https://a:1\"]}\nintercept: {vips: [\"[::1]:443\"]}",
+                "intercept.vips[0]",
+            ),
+        ];
+        for (text, field) in cases {
+            let e = check(text).unwrap_err().to_string();
+            assert!(e.contains(&format!("`{field}`")), "{text:?} -> {e}");
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! hub: the node agent between a node's clients and the cloud kube-apiserver.
+//! One module per concern; `main.rs` only parses the command line.
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod daemon;
+pub mod intercept;
+pub mod relay;
+pub mod state;
+pub mod upstream;
+
+/// The eBPF object this binary carries (see build.rs for where it came from).
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("HUB_EBPF_OBJECT"));
+/// "built from source" or "prebuilt", decided by build.rs.
+pub const EBPF_OBJECT_SOURCE: &str = env!("HUB_EBPF_OBJECT_SOURCE");

@@ -1,0 +1,184 @@
+//! What the running hub knows about itself, shared by the data path and the admin port.
+use std::{
+    collections::VecDeque,
+    net::SocketAddr,
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+};
+
+use serde::{Deserialize, Serialize};
+
+/// How many recent connections `/v1/status` lists.
+const RECENT: usize = 2048;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase", tag = "state", content = "detail")]
+pub enum InterceptState {
+    /// Turned off in the config.
+    Disabled,
+    /// Starting up.
+    Starting,
+    /// Programs attached, VIPs listed.
+    Attached,
+    /// Wanted but not possible here; the reason says why. Explicit listeners still serve.
+    Unavailable(String),
+}
+
+/// One accepted client connection, as shown in status.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ConnRecord {
+    pub client: SocketAddr,
+    pub original_dst: SocketAddr,
+    /// 0 when the origin map had no entry (e.g. interception unavailable).
+    pub pid: u32,
+    pub cgroup_id: u64,
+    /// The cloud server it was relayed to, if any.
+    pub upstream: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct ConnCounts {
+    pub accepted: u64,
+    pub active: u64,
+    pub origin_known: u64,
+    pub origin_unknown: u64,
+    pub upstream_failed: u64,
+    pub bytes_to_cloud: u64,
+    pub bytes_from_cloud: u64,
+}
+
+/// The JSON of `/v1/status` and `hub status --output json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub node_name: String,
+    pub version: String,
+    pub ready: bool,
+    pub ebpf_object: String,
+    pub intercept: InterceptState,
+    pub vips: Vec<VipListener>,
+    pub connections: ConnCounts,
+    pub recent: Vec<ConnRecord>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VipListener {
+    pub vip: SocketAddr,
+    pub listener: SocketAddr,
+}
+
+pub struct HubState {
+    node_name: String,
+    ready: AtomicBool,
+    intercept: Mutex<InterceptState>,
+    vips: Mutex<Vec<VipListener>>,
+    accepted: AtomicU64,
+    active: AtomicU64,
+    origin_known: AtomicU64,
+    origin_unknown: AtomicU64,
+    upstream_failed: AtomicU64,
+    bytes_to_cloud: AtomicU64,
+    bytes_from_cloud: AtomicU64,
+    recent: Mutex<VecDeque<ConnRecord>>,
+}
+
+/// Decrements the active count when a connection ends, however it ends.
+pub struct ActiveGuard<'a>(&'a HubState);
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl HubState {
+    pub fn new(node_name: &str) -> Self {
+        HubState {
+            node_name: node_name.to_string(),
+            ready: AtomicBool::new(false),
+            intercept: Mutex::new(InterceptState::Starting),
+            vips: Mutex::new(Vec::new()),
+            accepted: AtomicU64::new(0),
+            active: AtomicU64::new(0),
+            origin_known: AtomicU64::new(0),
+            origin_unknown: AtomicU64::new(0),
+            upstream_failed: AtomicU64::new(0),
+            bytes_to_cloud: AtomicU64::new(0),
+            bytes_from_cloud: AtomicU64::new(0),
+            recent: Mutex::new(VecDeque::with_capacity(RECENT)),
+        }
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    pub fn set_intercept(&self, s: InterceptState) {
+        *self.intercept.lock().unwrap() = s;
+    }
+
+    pub fn add_vip(&self, vip: SocketAddr, listener: SocketAddr) {
+        self.vips
+            .lock()
+            .unwrap()
+            .push(VipListener { vip, listener });
+    }
+
+    /// Counts a new connection; the guard counts its end.
+    pub fn connection_opened(&self, record: &ConnRecord) -> ActiveGuard<'_> {
+        self.accepted.fetch_add(1, Ordering::Relaxed);
+        self.active.fetch_add(1, Ordering::Relaxed);
+        if record.pid != 0 || record.cgroup_id != 0 {
+            self.origin_known.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.origin_unknown.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut recent = self.recent.lock().unwrap();
+        if recent.len() == RECENT {
+            recent.pop_front();
+        }
+        recent.push_back(record.clone());
+        ActiveGuard(self)
+    }
+
+    pub fn upstream_failed(&self) {
+        self.upstream_failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn relayed(&self, to_cloud: u64, from_cloud: u64) {
+        self.bytes_to_cloud.fetch_add(to_cloud, Ordering::Relaxed);
+        self.bytes_from_cloud
+            .fetch_add(from_cloud, Ordering::Relaxed);
+    }
+
+    pub fn active(&self) -> u64 {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    pub fn report(&self) -> StatusReport {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatusReport {
+            node_name: self.node_name.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            ready: self.is_ready(),
+            ebpf_object: crate::EBPF_OBJECT_SOURCE.to_string(),
+            intercept: self.intercept.lock().unwrap().clone(),
+            vips: self.vips.lock().unwrap().clone(),
+            connections: ConnCounts {
+                accepted: load(&self.accepted),
+                active: load(&self.active),
+                origin_known: load(&self.origin_known),
+                origin_unknown: load(&self.origin_unknown),
+                upstream_failed: load(&self.upstream_failed),
+                bytes_to_cloud: load(&self.bytes_to_cloud),
+                bytes_from_cloud: load(&self.bytes_from_cloud),
+            },
+            recent: self.recent.lock().unwrap().iter().cloned().collect(),
+        }
+    }
+}
