@@ -1,1 +1,80 @@
+//! Support for hub's integration tests: privileged-test gating, network namespaces,
+//! cgroups, child processes that are always cleaned up, and a running hub.
+pub mod cgroup;
+pub mod hub;
+pub mod netns;
+pub mod privileged;
+pub mod process;
 
+use std::{
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+/// A name unique to this test process and call, short enough for interface names.
+pub fn unique(tag: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("ht{}{}{n}", tag, std::process::id() % 100_000)
+}
+
+/// The directory holding the built binaries (`hub`, `hub-probe`) of this profile.
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test> -> target/<profile>
+    exe.parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .to_path_buf()
+}
+
+/// The `hub` binary under test. Built by `cargo xtask test` (or `cargo build -p hub-user`).
+pub fn hub_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("HUB_BIN") {
+        return p.into();
+    }
+    let p = bin_dir().join("hub");
+    assert!(
+        p.exists(),
+        "{} missing: run `cargo build -p hub-user` first (cargo xtask test does)",
+        p.display()
+    );
+    p
+}
+
+pub fn probe_bin() -> PathBuf {
+    bin_dir().join("hub-probe")
+}
+
+/// Polls `check` until it returns Some or the deadline passes (then panics naming `what`).
+pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(unique(tag));
+        std::fs::create_dir_all(&p).expect("temp dir");
+        TempDir(p)
+    }
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

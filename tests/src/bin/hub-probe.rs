@@ -1,1 +1,178 @@
-fn main() {}
+//! Test helper process: an upstream echo server and a client that can put itself into a
+//! cgroup first. Runs inside the test's network namespaces (`ip netns exec`).
+//!
+//!   hub-probe serve --listen ADDR [--listen ADDR ...]
+//!       Prints "ready" once bound. Per connection: reads one line, answers
+//!       "echo:<line> peer=<peer address>" and closes.
+//!   hub-probe connect --to ADDR [--count N] [--concurrency C] [--cgroup DIR]
+//!       Joins DIR first (if given), makes N connections, prints one JSON summary line:
+//!       {"pid", "ok", "failed", "direct", "via_hub", "errors"} where "direct" means the
+//!       upstream saw this socket's own address as the peer (no hub in between).
+use std::{
+    io::{BufRead, BufReader, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("serve") => serve(&args[1..]),
+        Some("connect") => connect(&args[1..]),
+        _ => Err("usage: hub-probe serve|connect ...".to_string()),
+    };
+    if let Err(e) = result {
+        eprintln!("hub-probe: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn values<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
+    args.windows(2)
+        .filter(|w| w[0] == flag)
+        .map(|w| w[1].as_str())
+        .collect()
+}
+
+fn value<T: std::str::FromStr>(args: &[String], flag: &str, default: T) -> Result<T, String> {
+    match values(args, flag).last() {
+        Some(v) => v.parse().map_err(|_| format!("bad {flag} {v}")),
+        None => Ok(default),
+    }
+}
+
+fn serve(args: &[String]) -> Result<(), String> {
+    let addrs = values(args, "--listen");
+    if addrs.is_empty() {
+        return Err("serve needs --listen".into());
+    }
+    let mut handles = Vec::new();
+    for a in addrs {
+        let listener = TcpListener::bind(a).map_err(|e| format!("bind {a}: {e}"))?;
+        handles.push(std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                std::thread::spawn(move || echo(conn));
+            }
+        }));
+    }
+    println!("ready");
+    std::io::stdout().flush().ok();
+    for h in handles {
+        let _ = h.join();
+    }
+    Ok(())
+}
+
+fn echo(conn: TcpStream) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let peer = conn.peer_addr().map(|p| p.to_string()).unwrap_or_default();
+    let mut reader = BufReader::new(&conn);
+    let mut line = String::new();
+    if reader.read_line(&mut line).is_ok() {
+        let reply = format!("echo:{} peer={peer}\n", line.trim_end());
+        let _ = (&conn).write_all(reply.as_bytes());
+    }
+}
+
+/// IPv4-mapped IPv6 addresses compare equal to their IPv4 form.
+fn canonical(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(v4.into(), v6.port()),
+            None => addr,
+        },
+        v4 => v4,
+    }
+}
+
+enum Outcome {
+    Direct,
+    ViaHub,
+}
+
+fn one(to: SocketAddr, i: usize) -> Result<Outcome, String> {
+    let conn = TcpStream::connect_timeout(&to, Duration::from_secs(3)).map_err(|e| e.to_string())?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    let local = canonical(conn.local_addr().map_err(|e| e.to_string())?);
+    let payload = format!("hello-{i}");
+    (&conn)
+        .write_all(format!("{payload}\n").as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(&conn)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    let rest = line
+        .trim_end()
+        .strip_prefix(&format!("echo:{payload} peer="))
+        .ok_or_else(|| format!("unexpected reply {line:?}"))?;
+    let seen: SocketAddr = rest.parse().map_err(|_| format!("bad peer in {line:?}"))?;
+    Ok(if canonical(seen) == local {
+        Outcome::Direct
+    } else {
+        Outcome::ViaHub
+    })
+}
+
+fn connect(args: &[String]) -> Result<(), String> {
+    let to: SocketAddr = value(args, "--to", "0.0.0.0:0".parse().unwrap())?;
+    let count: usize = value(args, "--count", 1)?;
+    let concurrency: usize = value(args, "--concurrency", 1)?.clamp(1, 256);
+    if let Some(dir) = values(args, "--cgroup").last() {
+        std::fs::write(format!("{dir}/cgroup.procs"), std::process::id().to_string())
+            .map_err(|e| format!("joining cgroup {dir}: {e}"))?;
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let counts = Arc::new([
+        AtomicUsize::new(0), // ok
+        AtomicUsize::new(0), // failed
+        AtomicUsize::new(0), // direct
+        AtomicUsize::new(0), // via hub
+    ]);
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let workers: Vec<_> = (0..concurrency.min(count.max(1)))
+        .map(|_| {
+            let (next, counts, errors) = (next.clone(), counts.clone(), errors.clone());
+            std::thread::spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= count {
+                        return;
+                    }
+                    match one(to, i) {
+                        Ok(o) => {
+                            counts[0].fetch_add(1, Ordering::Relaxed);
+                            let idx = if matches!(o, Outcome::Direct) { 2 } else { 3 };
+                            counts[idx].fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            counts[1].fetch_add(1, Ordering::Relaxed);
+                            let mut errs = errors.lock().unwrap();
+                            if errs.len() < 5 {
+                                errs.push(e);
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        let _ = w.join();
+    }
+    let c = |i: usize| counts[i].load(Ordering::Relaxed);
+    let summary = serde_json::json!({
+        "pid": std::process::id(),
+        "ok": c(0),
+        "failed": c(1),
+        "direct": c(2),
+        "via_hub": c(3),
+        "errors": *errors.lock().unwrap(),
+    });
+    println!("{summary}");
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! A `hub run` process in a test namespace, with its config, log and status helpers.
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::{
+    TempDir, hub_bin,
+    netns::Netns,
+    process::{self, Proc, in_cgroup},
+};
+
+pub struct HubProc {
+    pub proc: Proc,
+    pub admin: String,
+    pub pin_path: PathBuf,
+    log: PathBuf,
+    dir: TempDir,
+}
+
+/// What a test varies in the hub's config; the rest is written by `config_yaml`.
+pub struct HubSpec<'a> {
+    pub cloud: &'a [&'a str],
+    pub vips: &'a [&'a str],
+    pub hub_address: &'a str,
+    pub hub_address6: Option<&'a str>,
+    pub cgroup: &'a Path,
+    pub admin: &'a str,
+}
+
+impl HubSpec<'_> {
+    pub fn config_yaml(&self, pin_path: &Path, cache_dir: &Path) -> String {
+        let list = |v: &[&str]| {
+            v.iter()
+                .map(|s| format!("\"{s}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut yaml = format!(
+            "nodeName: test-node\ncloud:\n  servers: [{}]\nintercept:\n  cgroupPath: {}\n  hubAddress: {}\n  vips: [{}]\n  pinPath: {}\n",
+            list(self.cloud),
+            self.cgroup.display(),
+            self.hub_address,
+            list(self.vips),
+            pin_path.display()
+        );
+        if let Some(a6) = self.hub_address6 {
+            yaml += &format!("  hubAddress6: \"{a6}\"\n");
+        }
+        yaml += &format!(
+            "listen:\n  admin: {}\ncache:\n  dir: {}\n",
+            self.admin,
+            cache_dir.display()
+        );
+        yaml
+    }
+}
+
+impl HubProc {
+    /// Starts a hub in `ns` (optionally inside `cgroup_procs`' cgroup) and waits until its
+    /// admin port reports ready.
+    pub fn start(ns: &Netns, spec: &HubSpec<'_>, cgroup_procs: Option<&Path>) -> HubProc {
+        let dir = TempDir::new("hub");
+        let pin_path = PathBuf::from("/sys/fs/bpf").join(crate::unique("pin"));
+        let config = dir.path().join("hub.yaml");
+        std::fs::write(&config, spec.config_yaml(&pin_path, &dir.path().join("cache"))).unwrap();
+        let log = dir.path().join("hub.log");
+        let mut cmd = ns.command(hub_bin());
+        cmd.args(["run", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(&log).unwrap());
+        if let Some(procs) = cgroup_procs {
+            in_cgroup(&mut cmd, procs);
+        }
+        let mut hub = HubProc {
+            proc: Proc::spawn(cmd, "hub"),
+            admin: spec.admin.to_string(),
+            pin_path,
+            log,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(hub.proc.is_running(), "hub exited early; log:\n{}", hub.log());
+            let ready = hub.try_status(ns);
+            if ready.is_some_and(|s| s["ready"] == Value::Bool(true)) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "hub not ready after 10 s; log:\n{}", hub.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        hub
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn status_cmd(&self, ns: &Netns) -> Command {
+        let mut c = ns.command(hub_bin());
+        c.args(["status", "--output", "json", "--admin", &self.admin]);
+        c
+    }
+
+    pub fn try_status(&self, ns: &Netns) -> Option<Value> {
+        let out = self.status_cmd(ns).output().ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// `hub status --output json` through the real CLI.
+    pub fn status(&self, ns: &Netns) -> Value {
+        let text = process::output(self.status_cmd(ns), "hub status");
+        serde_json::from_str(&text).expect("status json")
+    }
+
+    /// `hub bpf status --output json` for this hub's pins.
+    pub fn bpf_status(&self) -> Value {
+        let mut c = Command::new(hub_bin());
+        c.args(["bpf", "status", "--output", "json", "--pin-path"])
+            .arg(&self.pin_path);
+        serde_json::from_str(&process::output(c, "hub bpf status")).expect("bpf status json")
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}

@@ -1,0 +1,102 @@
+//! Network namespaces made by a test (never connected to the machine's uplink), removed on
+//! drop, plus the few `ip` commands the scenarios need.
+//!
+//! Processes enter a namespace with setns(2) between fork and exec, not with
+//! `ip netns exec`: that one also remounts /sys, hiding /sys/fs/bpf and the cgroup mounts.
+use std::{
+    fs::File,
+    os::{fd::AsRawFd, unix::process::CommandExt},
+    process::{Command, Stdio},
+    sync::Arc,
+};
+
+pub fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub struct Netns {
+    name: String,
+    handle: Arc<File>,
+}
+
+impl Netns {
+    /// A new namespace with its loopback up.
+    pub fn new(tag: &str) -> Self {
+        let name = crate::unique(tag);
+        ip(&["netns", "add", &name]);
+        let handle = File::open(format!("/run/netns/{name}"))
+            .unwrap_or_else(|e| panic!("open /run/netns/{name}: {e}"));
+        let ns = Netns {
+            name,
+            handle: Arc::new(handle),
+        };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ip -n <ns> ...`
+    pub fn ip(&self, args: &[&str]) {
+        let mut full = vec!["-n", &self.name];
+        full.extend_from_slice(args);
+        ip(&full);
+    }
+
+    /// A command that runs `program` inside this namespace (same mounts as the test).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
+        let handle = self.handle.clone();
+        // SAFETY: setns(2) only, between fork and exec; the fd stays open via the Arc.
+        unsafe {
+            c.pre_exec(move || {
+                if libc::setns(handle.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        c
+    }
+
+    /// Makes `cidr` (e.g. the hub address or a VIP) local to this namespace. It goes on
+    /// `lo`: this machine's kernel has no dummy driver (CONFIG_DUMMY unset).
+    pub fn add_local_address(&self, cidr: &str) {
+        self.ip(&["addr", "add", cidr, "dev", "lo"]);
+    }
+
+    /// Connects this namespace to `other` with a veth pair: `(here_if, here_cidr)` in this
+    /// namespace, `(there_if, there_cidr)` in the other.
+    pub fn veth_to(&self, other: &Netns, here: (&str, &str), there: (&str, &str)) {
+        ip(&[
+            "link", "add", here.0, "netns", &self.name, "type", "veth", "peer", "name", there.0,
+            "netns", &other.name,
+        ]);
+        self.ip(&["addr", "add", here.1, "dev", here.0]);
+        self.ip(&["link", "set", here.0, "up"]);
+        other.ip(&["addr", "add", there.1, "dev", there.0]);
+        other.ip(&["link", "set", there.0, "up"]);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}

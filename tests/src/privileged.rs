@@ -1,0 +1,55 @@
+//! Privileged tests run for real wherever they can. Where they cannot, they say so loudly;
+//! with HUB_REQUIRE_PRIVILEGED=1 (set by `cargo xtask test` and CI) a skip is a failure.
+//! Each run or skip is also appended to HUB_PRIVILEGED_LOG so xtask can count them.
+use std::io::Write;
+
+use crate::cgroup::cgroup2_root;
+
+fn record(line: &str) {
+    if let Some(path) = std::env::var_os("HUB_PRIVILEGED_LOG") {
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
+fn missing() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    if cgroup2_root().is_none() {
+        return Some("no cgroup v2 mount".into());
+    }
+    if !std::path::Path::new("/sys/fs/bpf").exists() {
+        return Some("no /sys/fs/bpf".into());
+    }
+    for tool in ["ip", "bpftool"] {
+        let found = std::process::Command::new(tool)
+            .arg("-V")
+            .output()
+            .is_ok();
+        if !found {
+            return Some(format!("`{tool}` not installed (scripts/setup.sh)"));
+        }
+    }
+    None
+}
+
+/// Call first in every privileged test: `if !privileged::check("name") { return; }`.
+pub fn check(test: &str) -> bool {
+    match missing() {
+        None => {
+            record(&format!("ran {test}"));
+            true
+        }
+        Some(why) => {
+            record(&format!("skipped {test}: {why}"));
+            if std::env::var("HUB_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
+                panic!("privileged test {test} cannot run here: {why}");
+            }
+            eprintln!("\n!!! PRIVILEGED TEST SKIPPED: {test}: {why} !!!\n");
+            false
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! Issue 3 acceptance: transparent interception, for real, in namespaces and cgroups the
+//! tests create. Every address is loopback or one the test assigned in its own namespace.
+use std::{process::Command, time::{Duration, Instant}};
+
+use hub_tests::{
+    cgroup::Cgroup,
+    hub::{HubProc, HubSpec},
+    netns::Netns,
+    privileged,
+    process::{self, Proc},
+    probe_bin, wait_for,
+};
+use serde_json::Value;
+
+const UPSTREAM: &str = "127.0.0.1:18443";
+/// A loopback VIP nothing listens on: reaching the upstream through it proves redirection.
+const VIP: &str = "127.0.10.1:443";
+
+fn upstream(ns: &Netns, listen: &[&str]) -> Proc {
+    let mut cmd = ns.command(probe_bin());
+    cmd.arg("serve");
+    for l in listen {
+        cmd.args(["--listen", l]);
+    }
+    Proc::spawn_until_line(cmd, "upstream", "ready", Duration::from_secs(5))
+}
+
+/// Runs `hub-probe connect` in `ns` (inside `cg` if given) and returns its JSON summary.
+fn connect(ns: &Netns, to: &str, count: usize, concurrency: usize, cg: Option<&Cgroup>) -> Value {
+    let mut cmd = ns.command(probe_bin());
+    cmd.args(["connect", "--to", to])
+        .args(["--count", &count.to_string()])
+        .args(["--concurrency", &concurrency.to_string()]);
+    if let Some(cg) = cg {
+        cmd.arg("--cgroup").arg(cg.path());
+    }
+    serde_json::from_str(&process::output(cmd, "hub-probe connect")).expect("probe json")
+}
+
+fn spec<'a>(cg: &'a Cgroup, vips: &'a [&'a str]) -> HubSpec<'a> {
+    HubSpec {
+        cloud: &["https://127.0.0.1:18443"],
+        vips,
+        hub_address: "127.0.0.1",
+        hub_address6: None,
+        cgroup: cg.path(),
+        admin: "127.0.0.1:10267",
+    }
+}
+
+fn recent_for_pid(status: &Value, pid: u64) -> Vec<Value> {
+    status["recent"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["pid"].as_u64() == Some(pid))
+        .cloned()
+        .collect()
+}
+
+/// a + b: inside the cgroup a VIP connect lands in the hub and is relayed intact;
+/// outside it the same connect is left alone.
+#[test]
+fn redirects_inside_the_cgroup_only() {
+    if !privileged::check("redirects_inside_the_cgroup_only") {
+        return;
+    }
+    let ns = Netns::new("a");
+    let cg = Cgroup::new("a");
+    let _up = upstream(&ns, &[UPSTREAM]);
+    let hub = HubProc::start(&ns, &spec(&cg, &[VIP]), None);
+
+    let inside = connect(&ns, VIP, 1, 1, Some(&cg));
+    assert_eq!(inside["ok"], 1, "{inside}\nhub log:\n{}", hub.log());
+    assert_eq!(inside["via_hub"], 1, "{inside}");
+
+    let status = hub.status(&ns);
+    let rec = recent_for_pid(&status, inside["pid"].as_u64().unwrap());
+    assert_eq!(rec.len(), 1, "{status}");
+    assert_eq!(rec[0]["original_dst"], VIP);
+    assert_eq!(rec[0]["cgroup_id"].as_u64(), Some(cg.id()));
+    assert_eq!(rec[0]["upstream"], UPSTREAM);
+
+    // Outside the cgroup nobody rewrites the connect, and nothing listens on the VIP.
+    let outside = connect(&ns, VIP, 1, 1, None);
+    assert_eq!(outside["ok"], 0, "{outside}");
+    assert_eq!(outside["failed"], 1);
+    assert!(outside["errors"][0].as_str().unwrap().contains("refused"), "{outside}");
+}
+
+/// c: an IPv6 VIP, and an IPv4-mapped connect to an IPv4 VIP, are redirected and the hub
+/// records the right original destination for each.
+#[test]
+fn redirects_ipv6_and_v4_mapped() {
+    if !privileged::check("redirects_ipv6_and_v4_mapped") {
+        return;
+    }
+    let ns = Netns::new("c");
+    let cg = Cgroup::new("c");
+    let _up = upstream(&ns, &[UPSTREAM]);
+    let vip6 = "[::1]:1443";
+    let vips = [VIP, vip6];
+    let mut s = spec(&cg, &vips);
+    s.hub_address6 = Some("::1");
+    let hub = HubProc::start(&ns, &s, None);
+
+    let v6 = connect(&ns, vip6, 1, 1, Some(&cg));
+    assert_eq!((v6["ok"].as_u64(), v6["via_hub"].as_u64()), (Some(1), Some(1)), "{v6}");
+    let mapped = connect(&ns, "[::ffff:127.0.10.1]:443", 1, 1, Some(&cg));
+    assert_eq!(
+        (mapped["ok"].as_u64(), mapped["via_hub"].as_u64()),
+        (Some(1), Some(1)),
+        "{mapped}\n{}",
+        hub.log()
+    );
+
+    let status = hub.status(&ns);
+    let r6 = recent_for_pid(&status, v6["pid"].as_u64().unwrap());
+    assert_eq!(r6[0]["original_dst"], vip6, "{status}");
+    let rm = recent_for_pid(&status, mapped["pid"].as_u64().unwrap());
+    assert_eq!(rm[0]["original_dst"], VIP, "{status}");
+    assert_eq!(rm[0]["cgroup_id"].as_u64(), Some(cg.id()));
+}
+
+/// d: with the hub itself inside the cgroup and the VIP equal to the cloud address, the
+/// hub's own upstream connect carries the bypass mark and is not redirected (no loop).
+#[test]
+fn hub_own_connections_are_not_redirected() {
+    if !privileged::check("hub_own_connections_are_not_redirected") {
+        return;
+    }
+    let ns = Netns::new("d");
+    let cg = Cgroup::new("d");
+    let _up = upstream(&ns, &[UPSTREAM]);
+    let hub = HubProc::start(&ns, &spec(&cg, &[UPSTREAM]), Some(&cg.procs_file()));
+
+    let r = connect(&ns, UPSTREAM, 3, 1, Some(&cg));
+    assert_eq!(r["ok"], 3, "{r}\n{}", hub.log());
+    assert_eq!(r["via_hub"], 3, "{r}");
+    let bpf = hub.bpf_status();
+    let row = &bpf["vips"][0];
+    assert_eq!(row["vip"], UPSTREAM);
+    assert!(row["redirected"].as_u64().unwrap() >= 3, "{bpf}");
+    assert!(row["bypassed"].as_u64().unwrap() >= 3, "{bpf}");
+}
+
+/// e: kill -9 of the hub: within 1 s new connections reach the upstream directly, and
+/// nothing of the hub stays attached to the cgroup.
+#[test]
+fn kill_9_fails_open_within_a_second() {
+    if !privileged::check("kill_9_fails_open_within_a_second") {
+        return;
+    }
+    let ns = Netns::new("e");
+    let cg = Cgroup::new("e");
+    let _up = upstream(&ns, &[UPSTREAM]);
+    let mut hub = HubProc::start(&ns, &spec(&cg, &[UPSTREAM]), None);
+    let before = connect(&ns, UPSTREAM, 1, 1, Some(&cg));
+    assert_eq!(before["via_hub"], 1, "{before}");
+
+    hub.proc.kill9();
+    let killed = Instant::now();
+    wait_for("a direct connection after kill -9", Duration::from_secs(1), || {
+        let r = connect(&ns, UPSTREAM, 1, 1, Some(&cg));
+        (r["direct"] == 1).then_some(())
+    });
+    let elapsed = killed.elapsed();
+    assert!(elapsed <= Duration::from_secs(1), "took {elapsed:?}");
+
+    let attached = process::output(
+        {
+            let mut c = Command::new("bpftool");
+            c.args(["cgroup", "show"]).arg(cg.path());
+            c
+        },
+        "bpftool cgroup show",
+    );
+    assert!(
+        !attached.contains("hub_"),
+        "programs still attached after kill -9:\n{attached}"
+    );
+    // The pins outlive a crash (maps only, harmless); uninstall removes them, twice is fine.
+    for _ in 0..2 {
+        let mut c = Command::new(hub_tests::hub_bin());
+        c.args(["uninstall", "--pin-path"]).arg(&hub.pin_path);
+        process::output(c, "hub uninstall");
+    }
+    assert!(!hub.pin_path.exists());
+}
+
+/// f: a client in a separate "pod" namespace, joined to the node by a veth, reaches the
+/// hub on the hub address (169.254.2.1, local to the node namespace), not 127.0.0.1.
+#[test]
+fn pod_namespace_reaches_hub_address() {
+    if !privileged::check("pod_namespace_reaches_hub_address") {
+        return;
+    }
+    let node = Netns::new("fn");
+    let pod = Netns::new("fp");
+    let cg = Cgroup::new("f");
+    node.add_local_address("169.254.2.1/32");
+    // The VIP is an address this test assigned in the node namespace.
+    node.add_local_address("169.254.20.1/32");
+    node.veth_to(&pod, ("vn0", "169.254.30.1/30"), ("vp0", "169.254.30.2/30"));
+    pod.ip(&["route", "add", "169.254.0.0/16", "via", "169.254.30.1"]);
+    let _up = upstream(&node, &["169.254.20.1:443"]);
+    let mut s = spec(&cg, &["169.254.20.1:443"]);
+    s.cloud = &["https://169.254.20.1:443"];
+    s.hub_address = "169.254.2.1";
+    let hub = HubProc::start(&node, &s, None);
+
+    let r = connect(&pod, "169.254.20.1:443", 2, 1, Some(&cg));
+    assert_eq!(r["ok"], 2, "{r}\n{}", hub.log());
+    assert_eq!(r["via_hub"], 2, "{r}");
+    let status = hub.status(&node);
+    let rec = recent_for_pid(&status, r["pid"].as_u64().unwrap());
+    assert_eq!(rec.len(), 2);
+    assert!(rec.iter().all(|c| c["client"].as_str().unwrap().starts_with("169.254.30.2:")));
+    assert_eq!(status["vips"][0]["listener"].as_str().unwrap().split(':').next(), Some("169.254.2.1"));
+}
+
+/// g + h: 1000 connections at concurrency 50 all succeed with the right origins; the
+/// origin map is empty afterwards; bpftool shows named fields and hub bpf status agrees.
+#[test]
+fn thousand_connections_origins_and_map_dump() {
+    if !privileged::check("thousand_connections_origins_and_map_dump") {
+        return;
+    }
+    let ns = Netns::new("g");
+    let cg = Cgroup::new("g");
+    let _up = upstream(&ns, &[UPSTREAM]);
+    let hub = HubProc::start(&ns, &spec(&cg, &[VIP]), None);
+
+    let r = connect(&ns, VIP, 1000, 50, Some(&cg));
+    assert_eq!(r["ok"], 1000, "{r}\n{}", hub.log());
+    assert_eq!(r["via_hub"], 1000);
+    let status = hub.status(&ns);
+    let pid = r["pid"].as_u64().unwrap();
+    let rec = recent_for_pid(&status, pid);
+    assert_eq!(rec.len(), 1000, "every connection is attributed to the probe");
+    assert!(rec.iter().all(|c| c["original_dst"] == VIP && c["cgroup_id"].as_u64() == Some(cg.id())));
+    assert_eq!(status["connections"]["origin_unknown"], 0, "{}", status["connections"]);
+
+    wait_for("origin map to drain", Duration::from_secs(5), || {
+        let b = hub.bpf_status();
+        (b["origins_in_flight"] == 0 && b["pending"] == 0).then_some(())
+    });
+
+    let dump = process::output(
+        {
+            let mut c = Command::new("bpftool");
+            c.args(["--json", "map", "dump", "pinned"])
+                .arg(hub.pin_path.join("HUB_VIPS"));
+            c
+        },
+        "bpftool map dump",
+    );
+    let dump: Value = serde_json::from_str(&dump).expect("bpftool json");
+    let formatted = &dump[0]["formatted"];
+    assert!(formatted["key"]["port"] == 443, "named key fields: {dump}");
+    assert!(formatted["value"]["target"]["port"].is_u64(), "named value fields: {dump}");
+
+    let bpf = hub.bpf_status();
+    assert_eq!(bpf["vips"].as_array().unwrap().len(), dump.as_array().unwrap().len());
+    assert_eq!(bpf["vips"][0]["vip"], VIP);
+    let listener_port = formatted["value"]["target"]["port"].as_u64().unwrap();
+    assert!(bpf["vips"][0]["target"].as_str().unwrap().ends_with(&format!(":{listener_port}")));
+    assert!(bpf["vips"][0]["redirected"].as_u64().unwrap() >= 1000, "{bpf}");
+    assert_eq!(bpf["links"].as_array().unwrap().len(), 3, "{bpf}");
+}
