@@ -8,7 +8,7 @@ use crate::{admin, config::Config, daemon, intercept};
 #[derive(Parser)]
 #[command(
     name = "hub",
-    version,
+    version = crate::VERSION,
     about = "Node agent between a node's clients and the cloud kube-apiserver",
     long_about = "hub runs on every edge node. An eBPF program redirects connections aimed at the \
 apiserver (the kubernetes Service, the servers in kubelet/kube-proxy kubeconfigs, configured VIPs) \

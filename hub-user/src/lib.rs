@@ -13,3 +13,10 @@ pub mod upstream;
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("HUB_EBPF_OBJECT"));
 /// "built from source" or "prebuilt", decided by build.rs.
 pub const EBPF_OBJECT_SOURCE: &str = env!("HUB_EBPF_OBJECT_SOURCE");
+/// `hub --version`: the crate version and which eBPF object is embedded.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (eBPF object ",
+    env!("HUB_EBPF_OBJECT_SOURCE"),
+    ")"
+);

@@ -65,7 +65,10 @@ impl Drop for Cgroup {
             std::thread::sleep(Duration::from_millis(10));
         }
         if let Err(e) = std::fs::remove_dir(&self.path) {
-            eprintln!("warning: could not remove cgroup {}: {e}", self.path.display());
+            eprintln!(
+                "warning: could not remove cgroup {}: {e}",
+                self.path.display()
+            );
         }
     }
 }

@@ -66,7 +66,11 @@ impl HubProc {
         let dir = TempDir::new("hub");
         let pin_path = PathBuf::from("/sys/fs/bpf").join(crate::unique("pin"));
         let config = dir.path().join("hub.yaml");
-        std::fs::write(&config, spec.config_yaml(&pin_path, &dir.path().join("cache"))).unwrap();
+        std::fs::write(
+            &config,
+            spec.config_yaml(&pin_path, &dir.path().join("cache")),
+        )
+        .unwrap();
         let log = dir.path().join("hub.log");
         let mut cmd = ns.command(hub_bin());
         cmd.args(["run", "--config"])
@@ -85,12 +89,20 @@ impl HubProc {
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            assert!(hub.proc.is_running(), "hub exited early; log:\n{}", hub.log());
+            assert!(
+                hub.proc.is_running(),
+                "hub exited early; log:\n{}",
+                hub.log()
+            );
             let ready = hub.try_status(ns);
             if ready.is_some_and(|s| s["ready"] == Value::Bool(true)) {
                 break;
             }
-            assert!(Instant::now() < deadline, "hub not ready after 10 s; log:\n{}", hub.log());
+            assert!(
+                Instant::now() < deadline,
+                "hub not ready after 10 s; log:\n{}",
+                hub.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         hub

@@ -4,6 +4,7 @@ pub mod cgroup;
 pub mod hub;
 pub mod netns;
 pub mod privileged;
+pub mod probe;
 pub mod process;
 
 use std::{
@@ -22,11 +23,13 @@ pub fn unique(tag: &str) -> String {
 /// The directory holding the built binaries (`hub`, `hub-probe`) of this profile.
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test> -> target/<profile>
-    exe.parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .to_path_buf()
+    // Tests run from target/<profile>/deps/, xtask from target/<profile>/.
+    let dir = exe.parent().expect("exe dir");
+    if dir.ends_with("deps") {
+        dir.parent().expect("target dir").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 /// The `hub` binary under test. Built by `cargo xtask test` (or `cargo build -p hub-user`).
@@ -54,7 +57,10 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Opt
         if let Some(v) = check() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -81,8 +81,18 @@ impl Netns {
     /// namespace, `(there_if, there_cidr)` in the other.
     pub fn veth_to(&self, other: &Netns, here: (&str, &str), there: (&str, &str)) {
         ip(&[
-            "link", "add", here.0, "netns", &self.name, "type", "veth", "peer", "name", there.0,
-            "netns", &other.name,
+            "link",
+            "add",
+            here.0,
+            "netns",
+            &self.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            there.0,
+            "netns",
+            &other.name,
         ]);
         self.ip(&["addr", "add", here.1, "dev", here.0]);
         self.ip(&["link", "set", here.0, "up"]);

@@ -6,10 +6,13 @@ use std::io::Write;
 use crate::cgroup::cgroup2_root;
 
 fn record(line: &str) {
-    if let Some(path) = std::env::var_os("HUB_PRIVILEGED_LOG") {
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-            let _ = writeln!(f, "{line}");
-        }
+    if let Some(path) = std::env::var_os("HUB_PRIVILEGED_LOG")
+        && let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    {
+        let _ = writeln!(f, "{line}");
     }
 }
 
@@ -25,10 +28,7 @@ fn missing() -> Option<String> {
         return Some("no /sys/fs/bpf".into());
     }
     for tool in ["ip", "bpftool"] {
-        let found = std::process::Command::new(tool)
-            .arg("-V")
-            .output()
-            .is_ok();
+        let found = std::process::Command::new(tool).arg("-V").output().is_ok();
         if !found {
             return Some(format!("`{tool}` not installed (scripts/setup.sh)"));
         }

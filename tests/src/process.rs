@@ -87,7 +87,10 @@ impl Proc {
                 return status.code();
             }
             if Instant::now() > deadline {
-                eprintln!("{} did not exit on SIGTERM within {grace:?}; killing", self.what);
+                eprintln!(
+                    "{} did not exit on SIGTERM within {grace:?}; killing",
+                    self.what
+                );
                 let _ = c.kill();
                 let _ = c.wait();
                 return None;

@@ -1,41 +1,23 @@
 //! Issue 3 acceptance: transparent interception, for real, in namespaces and cgroups the
 //! tests create. Every address is loopback or one the test assigned in its own namespace.
-use std::{process::Command, time::{Duration, Instant}};
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
 
 use hub_tests::{
     cgroup::Cgroup,
     hub::{HubProc, HubSpec},
     netns::Netns,
     privileged,
-    process::{self, Proc},
-    probe_bin, wait_for,
+    probe::{connect, upstream},
+    process, wait_for,
 };
 use serde_json::Value;
 
 const UPSTREAM: &str = "127.0.0.1:18443";
 /// A loopback VIP nothing listens on: reaching the upstream through it proves redirection.
 const VIP: &str = "127.0.10.1:443";
-
-fn upstream(ns: &Netns, listen: &[&str]) -> Proc {
-    let mut cmd = ns.command(probe_bin());
-    cmd.arg("serve");
-    for l in listen {
-        cmd.args(["--listen", l]);
-    }
-    Proc::spawn_until_line(cmd, "upstream", "ready", Duration::from_secs(5))
-}
-
-/// Runs `hub-probe connect` in `ns` (inside `cg` if given) and returns its JSON summary.
-fn connect(ns: &Netns, to: &str, count: usize, concurrency: usize, cg: Option<&Cgroup>) -> Value {
-    let mut cmd = ns.command(probe_bin());
-    cmd.args(["connect", "--to", to])
-        .args(["--count", &count.to_string()])
-        .args(["--concurrency", &concurrency.to_string()]);
-    if let Some(cg) = cg {
-        cmd.arg("--cgroup").arg(cg.path());
-    }
-    serde_json::from_str(&process::output(cmd, "hub-probe connect")).expect("probe json")
-}
 
 fn spec<'a>(cg: &'a Cgroup, vips: &'a [&'a str]) -> HubSpec<'a> {
     HubSpec {
@@ -85,7 +67,10 @@ fn redirects_inside_the_cgroup_only() {
     let outside = connect(&ns, VIP, 1, 1, None);
     assert_eq!(outside["ok"], 0, "{outside}");
     assert_eq!(outside["failed"], 1);
-    assert!(outside["errors"][0].as_str().unwrap().contains("refused"), "{outside}");
+    assert!(
+        outside["errors"][0].as_str().unwrap().contains("refused"),
+        "{outside}"
+    );
 }
 
 /// c: an IPv6 VIP, and an IPv4-mapped connect to an IPv4 VIP, are redirected and the hub
@@ -105,7 +90,11 @@ fn redirects_ipv6_and_v4_mapped() {
     let hub = HubProc::start(&ns, &s, None);
 
     let v6 = connect(&ns, vip6, 1, 1, Some(&cg));
-    assert_eq!((v6["ok"].as_u64(), v6["via_hub"].as_u64()), (Some(1), Some(1)), "{v6}");
+    assert_eq!(
+        (v6["ok"].as_u64(), v6["via_hub"].as_u64()),
+        (Some(1), Some(1)),
+        "{v6}"
+    );
     let mapped = connect(&ns, "[::ffff:127.0.10.1]:443", 1, 1, Some(&cg));
     assert_eq!(
         (mapped["ok"].as_u64(), mapped["via_hub"].as_u64()),
@@ -160,10 +149,14 @@ fn kill_9_fails_open_within_a_second() {
 
     hub.proc.kill9();
     let killed = Instant::now();
-    wait_for("a direct connection after kill -9", Duration::from_secs(1), || {
-        let r = connect(&ns, UPSTREAM, 1, 1, Some(&cg));
-        (r["direct"] == 1).then_some(())
-    });
+    wait_for(
+        "a direct connection after kill -9",
+        Duration::from_secs(1),
+        || {
+            let r = connect(&ns, UPSTREAM, 1, 1, Some(&cg));
+            (r["direct"] == 1).then_some(())
+        },
+    );
     let elapsed = killed.elapsed();
     assert!(elapsed <= Duration::from_secs(1), "took {elapsed:?}");
 
@@ -215,8 +208,18 @@ fn pod_namespace_reaches_hub_address() {
     let status = hub.status(&node);
     let rec = recent_for_pid(&status, r["pid"].as_u64().unwrap());
     assert_eq!(rec.len(), 2);
-    assert!(rec.iter().all(|c| c["client"].as_str().unwrap().starts_with("169.254.30.2:")));
-    assert_eq!(status["vips"][0]["listener"].as_str().unwrap().split(':').next(), Some("169.254.2.1"));
+    assert!(
+        rec.iter()
+            .all(|c| c["client"].as_str().unwrap().starts_with("169.254.30.2:"))
+    );
+    assert_eq!(
+        status["vips"][0]["listener"]
+            .as_str()
+            .unwrap()
+            .split(':')
+            .next(),
+        Some("169.254.2.1")
+    );
 }
 
 /// g + h: 1000 connections at concurrency 50 all succeed with the right origins; the
@@ -237,9 +240,20 @@ fn thousand_connections_origins_and_map_dump() {
     let status = hub.status(&ns);
     let pid = r["pid"].as_u64().unwrap();
     let rec = recent_for_pid(&status, pid);
-    assert_eq!(rec.len(), 1000, "every connection is attributed to the probe");
-    assert!(rec.iter().all(|c| c["original_dst"] == VIP && c["cgroup_id"].as_u64() == Some(cg.id())));
-    assert_eq!(status["connections"]["origin_unknown"], 0, "{}", status["connections"]);
+    assert_eq!(
+        rec.len(),
+        1000,
+        "every connection is attributed to the probe"
+    );
+    assert!(
+        rec.iter()
+            .all(|c| c["original_dst"] == VIP && c["cgroup_id"].as_u64() == Some(cg.id()))
+    );
+    assert_eq!(
+        status["connections"]["origin_unknown"], 0,
+        "{}",
+        status["connections"]
+    );
 
     wait_for("origin map to drain", Duration::from_secs(5), || {
         let b = hub.bpf_status();
@@ -258,13 +272,27 @@ fn thousand_connections_origins_and_map_dump() {
     let dump: Value = serde_json::from_str(&dump).expect("bpftool json");
     let formatted = &dump[0]["formatted"];
     assert!(formatted["key"]["port"] == 443, "named key fields: {dump}");
-    assert!(formatted["value"]["target"]["port"].is_u64(), "named value fields: {dump}");
+    assert!(
+        formatted["value"]["target"]["port"].is_u64(),
+        "named value fields: {dump}"
+    );
 
     let bpf = hub.bpf_status();
-    assert_eq!(bpf["vips"].as_array().unwrap().len(), dump.as_array().unwrap().len());
+    assert_eq!(
+        bpf["vips"].as_array().unwrap().len(),
+        dump.as_array().unwrap().len()
+    );
     assert_eq!(bpf["vips"][0]["vip"], VIP);
     let listener_port = formatted["value"]["target"]["port"].as_u64().unwrap();
-    assert!(bpf["vips"][0]["target"].as_str().unwrap().ends_with(&format!(":{listener_port}")));
-    assert!(bpf["vips"][0]["redirected"].as_u64().unwrap() >= 1000, "{bpf}");
+    assert!(
+        bpf["vips"][0]["target"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!(":{listener_port}"))
+    );
+    assert!(
+        bpf["vips"][0]["redirected"].as_u64().unwrap() >= 1000,
+        "{bpf}"
+    );
     assert_eq!(bpf["links"].as_array().unwrap().len(), 3, "{bpf}");
 }

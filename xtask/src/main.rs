@@ -1,1 +1,188 @@
-fn main() {}
+//! Project tasks: `cargo xtask build-ebpf | test | lint | demo`.
+mod demo;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, Result, bail};
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  build-ebpf   build the eBPF object from source and refresh hub-ebpf/prebuilt/hub-ebpf.bpf.o
+  test         lint, then every test: unit, integration and privileged (fails if any
+               privileged test was skipped), then the demo; --no-lint skips the lint step
+  lint         cargo fmt --check and cargo clippy -D warnings on the whole workspace
+  demo         the system end to end on this machine, in throwaway namespaces (root);
+               --step pauses between steps";
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("build-ebpf") => build_ebpf().map(drop),
+        Some("test") => test(args.iter().any(|a| a == "--no-lint")),
+        Some("lint") => lint(),
+        Some("demo") => build_bins().and_then(|()| demo::run(args.iter().any(|a| a == "--step"))),
+        Some("-h" | "--help" | "help") => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        _ => {
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = result {
+        eprintln!("xtask: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+fn run(mut cmd: Command, what: &str) -> Result<()> {
+    eprintln!("xtask: {what}");
+    let status = cmd.status().with_context(|| format!("starting {what}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+/// Builds hub-user (whose build script compiles the eBPF object from source) and copies
+/// the object to hub-ebpf/prebuilt/. Returns the freshly built object's path.
+fn build_ebpf() -> Result<PathBuf> {
+    let out = cargo()
+        .args(["build", "-p", "hub-user", "--message-format=json"])
+        .env_remove("HUB_EBPF_PREBUILT")
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cargo build")?;
+    if !out.status.success() {
+        bail!("cargo build -p hub-user failed");
+    }
+    let out_dir = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "build-script-executed")
+        .filter(|m| {
+            m["package_id"]
+                .as_str()
+                .is_some_and(|p| p.contains("hub-user"))
+        })
+        .find_map(|m| m["out_dir"].as_str().map(PathBuf::from))
+        .context("no build-script output for hub-user")?;
+    let built = out_dir.join("hub-ebpf");
+    let prebuilt = root().join("hub-ebpf/prebuilt/hub-ebpf.bpf.o");
+    std::fs::create_dir_all(prebuilt.parent().unwrap())?;
+    let same = std::fs::read(&prebuilt).ok() == Some(std::fs::read(&built)?);
+    if !same {
+        std::fs::copy(&built, &prebuilt).context("copying the object")?;
+    }
+    eprintln!(
+        "xtask: eBPF object {} -> {} ({})",
+        built.display(),
+        prebuilt.display(),
+        if same { "unchanged" } else { "updated" }
+    );
+    Ok(built)
+}
+
+/// The binaries tests and the demo start: hub and hub-probe.
+fn build_bins() -> Result<()> {
+    let mut build = cargo();
+    build.args(["build", "-p", "hub-user", "-p", "hub-tests", "--bins"]);
+    run(build, "build hub and hub-probe")
+}
+
+fn lint() -> Result<()> {
+    let mut fmt = cargo();
+    fmt.args(["fmt", "--all", "--", "--check"]);
+    run(fmt, "cargo fmt --check")?;
+    let mut clippy = cargo();
+    clippy.args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    run(clippy, "cargo clippy -D warnings")
+}
+
+fn test(no_lint: bool) -> Result<()> {
+    if !no_lint {
+        lint()?;
+    }
+    build_bins()?;
+    let version = Command::new(root().join("target/debug/hub"))
+        .arg("--version")
+        .output()
+        .context("hub --version")?;
+    eprintln!(
+        "xtask: testing {}",
+        String::from_utf8_lossy(&version.stdout).trim()
+    );
+    report_prebuilt_freshness();
+
+    let log = root().join("target/privileged-tests.log");
+    let _ = std::fs::remove_file(&log);
+    let mut tests = cargo();
+    tests
+        .args(["test", "--workspace", "--no-fail-fast"])
+        .env("HUB_REQUIRE_PRIVILEGED", "1")
+        .env("HUB_PRIVILEGED_LOG", &log);
+    run(tests, "cargo test --workspace (privileged tests required)")?;
+
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let ran = text.lines().filter(|l| l.starts_with("ran ")).count();
+    let skipped: Vec<&str> = text.lines().filter(|l| l.starts_with("skipped ")).collect();
+    if !skipped.is_empty() {
+        bail!("privileged tests were skipped:\n  {}", skipped.join("\n  "));
+    }
+    if ran == 0 {
+        bail!("no privileged test ran");
+    }
+    eprintln!("xtask: {ran} privileged tests ran, none skipped");
+    eprintln!("xtask: running the demo (its every step is checked)");
+    demo::run(false)
+}
+
+/// Says whether the committed eBPF object matches the one this build compiled.
+fn report_prebuilt_freshness() {
+    let prebuilt = root().join("hub-ebpf/prebuilt/hub-ebpf.bpf.o");
+    let built = std::fs::read_dir(root().join("target/debug/build"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("hub-user-"))
+        .map(|e| e.path().join("out/hub-ebpf"))
+        .filter(|p| p.exists())
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok());
+    match (built, std::fs::read(&prebuilt).ok()) {
+        (Some(b), Some(committed)) if std::fs::read(&b).ok() == Some(committed.clone()) => {
+            eprintln!("xtask: committed eBPF object matches the fresh build")
+        }
+        (Some(_), Some(_)) => eprintln!(
+            "xtask: NOTE committed eBPF object differs from the fresh build; tests use the fresh one (run cargo xtask build-ebpf to refresh)"
+        ),
+        (Some(_), None) => {
+            eprintln!("xtask: NOTE no committed eBPF object; run cargo xtask build-ebpf")
+        }
+        (None, _) => eprintln!("xtask: tests use the committed eBPF object (HUB_EBPF_PREBUILT=1)"),
+    }
+}

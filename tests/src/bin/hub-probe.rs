@@ -95,7 +95,8 @@ enum Outcome {
 }
 
 fn one(to: SocketAddr, i: usize) -> Result<Outcome, String> {
-    let conn = TcpStream::connect_timeout(&to, Duration::from_secs(3)).map_err(|e| e.to_string())?;
+    let conn =
+        TcpStream::connect_timeout(&to, Duration::from_secs(3)).map_err(|e| e.to_string())?;
     conn.set_read_timeout(Some(Duration::from_secs(5))).ok();
     let local = canonical(conn.local_addr().map_err(|e| e.to_string())?);
     let payload = format!("hello-{i}");
@@ -123,8 +124,11 @@ fn connect(args: &[String]) -> Result<(), String> {
     let count: usize = value(args, "--count", 1)?;
     let concurrency: usize = value(args, "--concurrency", 1)?.clamp(1, 256);
     if let Some(dir) = values(args, "--cgroup").last() {
-        std::fs::write(format!("{dir}/cgroup.procs"), std::process::id().to_string())
-            .map_err(|e| format!("joining cgroup {dir}: {e}"))?;
+        std::fs::write(
+            format!("{dir}/cgroup.procs"),
+            std::process::id().to_string(),
+        )
+        .map_err(|e| format!("joining cgroup {dir}: {e}"))?;
     }
     let next = Arc::new(AtomicUsize::new(0));
     let counts = Arc::new([
