@@ -46,8 +46,9 @@ pub fn hub_bin() -> PathBuf {
     p
 }
 
+/// The `hub-probe` helper (HUB_PROBE_BIN overrides, e.g. for release-build benchmarks).
 pub fn probe_bin() -> PathBuf {
-    bin_dir().join("hub-probe")
+    std::env::var_os("HUB_PROBE_BIN").map_or_else(|| bin_dir().join("hub-probe"), PathBuf::from)
 }
 
 /// Polls `check` until it returns Some or the deadline passes (then panics naming `what`).

@@ -1,4 +1,5 @@
-//! Project tasks: `cargo xtask build-ebpf | test | lint | demo`.
+//! Project tasks: `cargo xtask build-ebpf | test | lint | demo | bench`.
+mod bench;
 mod demo;
 
 use std::{
@@ -16,7 +17,9 @@ commands:
                privileged test was skipped), then the demo; --no-lint skips the lint step
   lint         cargo fmt --check and cargo clippy -D warnings on the whole workspace
   demo         the system end to end on this machine, in throwaway namespaces (root);
-               --step pauses between steps";
+               --step pauses between steps
+  bench WHAT   release-build benchmarks as ratios against direct, same run
+               (WHAT: intercept); --rounds N";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -24,6 +27,7 @@ fn main() {
         Some("build-ebpf") => build_ebpf().map(drop),
         Some("test") => test(args.iter().any(|a| a == "--no-lint")),
         Some("lint") => lint(),
+        Some("bench") => bench_cmd(&args[1..]),
         Some("demo") => build_bins().and_then(|()| demo::run(args.iter().any(|a| a == "--step"))),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
@@ -99,6 +103,34 @@ fn build_ebpf() -> Result<PathBuf> {
         if same { "unchanged" } else { "updated" }
     );
     Ok(built)
+}
+
+fn bench_cmd(args: &[String]) -> Result<()> {
+    let what = args.first().map(String::as_str).unwrap_or("intercept");
+    let rounds = args
+        .windows(2)
+        .find(|w| w[0] == "--rounds")
+        .map(|w| w[1].parse())
+        .transpose()?
+        .unwrap_or(2000);
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "hub-user",
+        "-p",
+        "hub-tests",
+        "--bins",
+    ]);
+    run(build, "release build of hub and hub-probe")?;
+    let release = root().join("target/release");
+    // SAFETY: single-threaded at this point; the fixtures read these to find the binaries.
+    unsafe {
+        std::env::set_var("HUB_BIN", release.join("hub"));
+        std::env::set_var("HUB_PROBE_BIN", release.join("hub-probe"));
+    }
+    bench::run(what, rounds)
 }
 
 /// The binaries tests and the demo start: hub and hub-probe.

@@ -8,6 +8,9 @@
 //!       Joins DIR first (if given), makes N connections, prints one JSON summary line:
 //!       {"pid", "ok", "failed", "direct", "via_hub", "errors"} where "direct" means the
 //!       upstream saw this socket's own address as the peer (no hub in between).
+//!   hub-probe bench --via ADDR --direct ADDR [--rounds N] [--cgroup DIR]
+//!       Interleaved timing of connect() and connect()+first reply byte to both targets;
+//!       prints one JSON line with percentiles in microseconds.
 use std::{
     io::{BufRead, BufReader, Write},
     net::{SocketAddr, TcpListener, TcpStream},
@@ -23,6 +26,7 @@ fn main() {
     let result = match args.first().map(String::as_str) {
         Some("serve") => serve(&args[1..]),
         Some("connect") => connect(&args[1..]),
+        Some("bench") => bench(&args[1..]),
         _ => Err("usage: hub-probe serve|connect ...".to_string()),
     };
     if let Err(e) = result {
@@ -117,6 +121,78 @@ fn one(to: SocketAddr, i: usize) -> Result<Outcome, String> {
     } else {
         Outcome::ViaHub
     })
+}
+
+fn join_cgroup(args: &[String]) -> Result<(), String> {
+    if let Some(dir) = values(args, "--cgroup").last() {
+        std::fs::write(
+            format!("{dir}/cgroup.procs"),
+            std::process::id().to_string(),
+        )
+        .map_err(|e| format!("joining cgroup {dir}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// One timed exchange: (connect() duration, connect()+first reply byte duration), in µs.
+fn timed(to: SocketAddr) -> Result<(f64, f64), String> {
+    use std::io::Read;
+    let t0 = std::time::Instant::now();
+    let mut conn = TcpStream::connect(to).map_err(|e| format!("{to}: {e}"))?;
+    let t1 = t0.elapsed();
+    conn.set_nodelay(true).ok();
+    conn.write_all(b"x\n").map_err(|e| e.to_string())?;
+    let mut byte = [0u8; 1];
+    conn.read_exact(&mut byte).map_err(|e| e.to_string())?;
+    let t2 = t0.elapsed();
+    Ok((t1.as_secs_f64() * 1e6, t2.as_secs_f64() * 1e6))
+}
+
+fn percentiles(mut v: Vec<f64>) -> serde_json::Value {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    serde_json::json!({
+        "p50": at(0.5), "p90": at(0.9), "p99": at(0.99),
+        "mean": v.iter().sum::<f64>() / v.len() as f64,
+    })
+}
+
+fn bench(args: &[String]) -> Result<(), String> {
+    let via: SocketAddr = value(args, "--via", "0.0.0.0:0".parse().unwrap())?;
+    let direct: SocketAddr = value(args, "--direct", "0.0.0.0:0".parse().unwrap())?;
+    let rounds: usize = value(args, "--rounds", 2000)?.clamp(10, 100_000);
+    join_cgroup(args)?;
+    // Warm up both paths (page cache, hub's first-connection work) before measuring.
+    for _ in 0..50 {
+        timed(via)?;
+        timed(direct)?;
+    }
+    let (mut vc, mut vf, mut dc, mut df) = (vec![], vec![], vec![], vec![]);
+    for i in 0..rounds {
+        // Alternate which goes first so neither always runs on a warmer cache.
+        let order = if i % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for through_hub in order {
+            let (c, f) = timed(if through_hub { via } else { direct })?;
+            if through_hub {
+                vc.push(c);
+                vf.push(f);
+            } else {
+                dc.push(c);
+                df.push(f);
+            }
+        }
+    }
+    let out = serde_json::json!({
+        "rounds": rounds,
+        "via_hub": {"connect": percentiles(vc), "first_byte": percentiles(vf)},
+        "direct": {"connect": percentiles(dc), "first_byte": percentiles(df)},
+    });
+    println!("{out}");
+    Ok(())
 }
 
 fn connect(args: &[String]) -> Result<(), String> {
