@@ -38,7 +38,8 @@ enum Command {
         #[command(subcommand)]
         command: BpfCommand,
     },
-    /// Detach every program the hub attached and remove every pin it made. Safe to run twice.
+    /// Detach every program the hub attached, remove every pin it made and the hub address
+    /// holder it created (hub0, or lo:hub addresses). Safe to run twice.
     Uninstall {
         /// bpffs directory of the pins (intercept.pinPath).
         #[arg(long, default_value = "/sys/fs/bpf/hub")]
@@ -122,10 +123,11 @@ pub fn main() -> ExitCode {
             intercept::uninstall(&pin_path)
                 .map(|u| {
                     format!(
-                        "detached {} link(s), removed {} pin(s) from {}",
+                        "detached {} link(s), removed {} pin(s) from {}, removed {} hub address holder(s)",
                         u.links_detached,
                         u.pins_removed,
-                        pin_path.display()
+                        pin_path.display(),
+                        u.netdevs_removed
                     )
                 })
                 .map_err(|e| format!("uninstall: {e}")),

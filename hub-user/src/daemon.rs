@@ -86,6 +86,19 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
     }
 
     if let Some(icpt) = &interceptor {
+        let mut hub_ips = vec![config.intercept.hub_address];
+        hub_ips.extend(config.intercept.hub_address6);
+        for ip in hub_ips {
+            match intercept::netdev::ensure_local(ip) {
+                Ok(intercept::netdev::Holder::Existing) => {}
+                Ok(holder) => tracing::info!(%ip, ?holder, "hub address assigned"),
+                Err(e) => {
+                    return Err(DaemonError::Config(format!(
+                        "hub address {ip} is not local and cannot be assigned: {e}"
+                    )));
+                }
+            }
+        }
         let origins: Arc<dyn OriginLookup> = icpt.clone();
         for (index, vip) in vips.iter().enumerate() {
             let hub_ip: IpAddr = if vip.is_ipv4() {

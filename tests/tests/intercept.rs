@@ -71,6 +71,23 @@ fn redirects_inside_the_cgroup_only() {
         outside["errors"][0].as_str().unwrap().contains("refused"),
         "{outside}"
     );
+
+    // SIGTERM: a clean exit that detaches the programs and removes the pins.
+    let mut hub = hub;
+    assert_eq!(
+        hub.proc.terminate(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        hub.log()
+    );
+    assert!(!hub.pin_path.exists(), "pins left after SIGTERM");
+    let mut c = Command::new("bpftool");
+    c.args(["cgroup", "show"]).arg(cg.path());
+    let attached = process::output(c, "bpftool cgroup show");
+    assert!(
+        !attached.contains("hub_"),
+        "still attached after SIGTERM:\n{attached}"
+    );
 }
 
 /// c: an IPv6 VIP, and an IPv4-mapped connect to an IPv4 VIP, are redirected and the hub
@@ -182,7 +199,9 @@ fn kill_9_fails_open_within_a_second() {
 }
 
 /// f: a client in a separate "pod" namespace, joined to the node by a veth, reaches the
-/// hub on the hub address (169.254.2.1, local to the node namespace), not 127.0.0.1.
+/// hub on the hub address 169.254.2.1, not 127.0.0.1. The test does not assign that
+/// address: the hub makes it local itself (hub0, or `lo:hub` where the kernel has no dummy
+/// driver), and `hub uninstall` removes it again.
 #[test]
 fn pod_namespace_reaches_hub_address() {
     if !privileged::check("pod_namespace_reaches_hub_address") {
@@ -191,7 +210,6 @@ fn pod_namespace_reaches_hub_address() {
     let node = Netns::new("fn");
     let pod = Netns::new("fp");
     let cg = Cgroup::new("f");
-    node.add_local_address("169.254.2.1/32");
     // The VIP is an address this test assigned in the node namespace.
     node.add_local_address("169.254.20.1/32");
     node.veth_to(&pod, ("vn0", "169.254.30.1/30"), ("vp0", "169.254.30.2/30"));

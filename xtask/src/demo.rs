@@ -74,7 +74,6 @@ pub fn run(pause: bool) -> Result<()> {
     let node = Netns::new("dn");
     let pod = Netns::new("dp");
     let pods = Cgroup::new("demo");
-    node.add_local_address(&format!("{HUB_ADDRESS}/32"));
     node.add_local_address("169.254.20.1/32");
     node.veth_to(
         &pod,
@@ -98,6 +97,7 @@ pub fn run(pause: bool) -> Result<()> {
     check(r["direct"] == 1, "pod reached the cloud directly")?;
 
     n.step("start the hub: eBPF attached to the pods' cgroup, VIP = the cloud address")?;
+    println!("  the hub makes its address {HUB_ADDRESS} local itself (hub0, or lo:hub here)");
     let spec = HubSpec {
         cloud: &["https://169.254.20.1:443"],
         vips: &[CLOUD],
@@ -147,9 +147,16 @@ pub fn run(pause: bool) -> Result<()> {
             direct_after.map_or("never".into(), |d| format!("{} ms", d.as_millis()))
         ),
     )?;
-    let mut c = Command::new(hub_bin());
+    let mut c = node.command(hub_bin());
     c.args(["uninstall", "--pin-path"]).arg(&hub.pin_path);
     show("hub uninstall", &process::output(c, "hub uninstall"));
+    let mut c = node.command("ip");
+    c.args(["-o", "addr", "show"]);
+    let addrs = process::output(c, "ip addr show");
+    check(
+        !addrs.contains(HUB_ADDRESS),
+        "uninstall removed the hub address",
+    )?;
 
     n.step("clean up")?;
     drop(hub);

@@ -6,6 +6,7 @@
 //! to the cloud again (fail open). Maps are pinned under `intercept.pinPath` so `bpftool`
 //! and `hub bpf status` can read them; stale pins are removed at start and on shutdown.
 pub mod discover;
+pub mod netdev;
 pub mod origin;
 pub mod status;
 mod sys;

@@ -175,6 +175,8 @@ fn programs_and_links(pin_dir: &Path) -> (Vec<ProgramRow>, Vec<LinkRow>) {
 pub struct Uninstalled {
     pub links_detached: usize,
     pub pins_removed: usize,
+    /// `hub0` and `lo:hub` addresses removed.
+    pub netdevs_removed: usize,
 }
 
 /// Detaches every link of this pin dir's programs (also those a running hub holds) and
@@ -195,6 +197,7 @@ pub fn uninstall(pin_dir: &Path) -> Result<Uninstalled, std::io::Error> {
         .filter(|name| pin_dir.join(name).exists())
         .count();
     remove_pins(pin_dir);
+    done.netdevs_removed = super::netdev::remove_all()?;
     Ok(done)
 }
 
