@@ -1,5 +1,6 @@
 //! Support for hub's integration tests: privileged-test gating, network namespaces,
 //! cgroups, child processes that are always cleaned up, and a running hub.
+pub mod apiserver;
 pub mod cgroup;
 pub mod hub;
 pub mod netns;

@@ -1,0 +1,133 @@
+//! Discovery and the small fixed endpoints: /api, /apis, group versions, /version, and the
+//! authorization reviews kubectl uses (`auth can-i`, `auth whoami`).
+use hyper::StatusCode;
+use serde_json::{Value, json};
+
+use super::{
+    State,
+    auth::User,
+    http::{Body, json_response},
+    resources::{self, RESOURCES},
+};
+
+pub fn version() -> Value {
+    json!({
+        "major": "1", "minor": "32", "gitVersion": "v1.32.0-hub-standin", "gitCommit": "0000000000000000000000000000000000000000",
+        "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.23.0", "compiler": "gc", "platform": "linux/amd64"
+    })
+}
+
+pub fn api_versions(server: &str) -> Value {
+    json!({"kind": "APIVersions", "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server}]})
+}
+
+pub fn api_groups() -> Value {
+    let groups: Vec<Value> = resources::groups()
+        .into_iter()
+        .map(|(g, v)| {
+            let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
+            json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
+        })
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+const VERBS: [&str; 8] = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+
+/// APIResourceList for one group version, or None if unknown.
+pub fn resource_list(group: &str, version: &str) -> Option<Value> {
+    let mut list = Vec::new();
+    if group == "authorization.k8s.io" && version == "v1" {
+        list.push(json!({"name": "selfsubjectaccessreviews", "singularName": "selfsubjectaccessreview", "namespaced": false, "kind": "SelfSubjectAccessReview", "verbs": ["create"]}));
+    }
+    for r in RESOURCES.iter().filter(|r| r.group == group && r.version == version) {
+        let mut entry = json!({
+            "name": r.name, "singularName": r.singular, "namespaced": r.namespaced, "kind": r.kind,
+            "verbs": VERBS, "storageVersionHash": "standin",
+        });
+        if !r.short_names.is_empty() {
+            entry["shortNames"] = json!(r.short_names);
+        }
+        if r.kind == "Pod" || r.kind == "Service" {
+            entry["categories"] = json!(["all"]);
+        }
+        list.push(entry);
+        for sub in r.subresources {
+            let (kind, verbs) = match *sub {
+                "status" | "approval" => (r.kind, vec!["get", "patch", "update"]),
+                "log" => (r.kind, vec!["get"]),
+                "binding" => ("Binding", vec!["create"]),
+                _ => ("PodExecOptions", vec!["create", "get"]),
+            };
+            list.push(json!({"name": format!("{}/{sub}", r.name), "singularName": "", "namespaced": r.namespaced, "kind": kind, "verbs": verbs}));
+        }
+    }
+    if list.is_empty() {
+        return None;
+    }
+    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list}))
+}
+
+/// POST selfsubjectaccessreviews: would this user be allowed?
+pub fn access_review(state: &State, user: &User, body: &Value) -> hyper::Response<Body> {
+    let a = &body["spec"]["resourceAttributes"];
+    let verb = a["verb"].as_str().unwrap_or("");
+    let mut resource = a["resource"].as_str().unwrap_or("").to_string();
+    if let Some(sub) = a["subresource"].as_str().filter(|s| !s.is_empty()) {
+        resource = format!("{resource}/{sub}");
+    }
+    let ns = a["namespace"].as_str().unwrap_or("");
+    let allowed = state.auth.read().unwrap().authorize(user, verb, &resource, ns);
+    let mut out = body.clone();
+    out["status"] = json!({"allowed": allowed});
+    if !allowed {
+        out["status"]["reason"] = json!("no rule allows it");
+    }
+    json_response(StatusCode::CREATED, &out)
+}
+
+/// `/openapi/v3`: the group-version index kubectl reads first.
+pub fn openapi_v3_root() -> Value {
+    let mut paths = serde_json::Map::new();
+    let mut gvs: Vec<String> = vec!["api/v1".into()];
+    gvs.extend(resources::groups().into_iter().map(|(g, v)| format!("apis/{g}/{v}")));
+    for gv in gvs {
+        paths.insert(gv.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{gv}?hash=standin")}));
+    }
+    json!({"paths": paths})
+}
+
+/// `/openapi/v3/<gv>`: no schemas, but every resource's PATCH operation with its GVK and
+/// the `fieldValidation` parameter, which is what kubectl checks before trusting the
+/// server to validate (so it skips client-side schema validation).
+pub fn openapi_v3_group(gv: &str) -> Option<Value> {
+    let (group, version) = match gv.split('/').collect::<Vec<_>>().as_slice() {
+        ["api", v] => ("", *v),
+        ["apis", g, v] => (*g, *v),
+        _ => return None,
+    };
+    let mut paths = serde_json::Map::new();
+    for r in RESOURCES.iter().filter(|r| r.group == group && r.version == version) {
+        let prefix = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
+        let path = if r.namespaced {
+            format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", r.name)
+        } else {
+            format!("{prefix}/{}/{{name}}", r.name)
+        };
+        let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+        let params = json!([
+            {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+            {"name": "dryRun", "in": "query", "schema": {"type": "string", "uniqueItems": true}}
+        ]);
+        paths.insert(path, json!({
+            "get": {"x-kubernetes-group-version-kind": gvk, "x-kubernetes-action": "get", "responses": {}},
+            "patch": {"x-kubernetes-group-version-kind": gvk, "x-kubernetes-action": "patch", "parameters": params, "responses": {}}
+        }));
+    }
+    if paths.is_empty() {
+        return None;
+    }
+    Some(json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.32.0"}, "paths": paths, "components": {"schemas": {}}}))
+}

@@ -1,0 +1,381 @@
+//! The Kubernetes API stand-in: a stateful, TLS-serving cloud for tests, the demo and
+//! benchmarks. Its worth is what it shares with kube-apiserver: resourceVersion semantics,
+//! list/watch (410 Gone, bookmarks, initial events, chunking), selectors, Status errors,
+//! discovery, authentication (tokens, client certificates) and authorisation, plus fault
+//! knobs. Known gaps: no protobuf yet, no SPDY, no server-side apply, no admission, and
+//! namespace deletion is immediate.
+pub mod auth;
+pub mod discovery;
+pub mod faults;
+pub mod http;
+pub mod patch;
+pub mod proto;
+pub mod resources;
+pub mod seed;
+pub mod select;
+pub mod store;
+pub mod stream;
+pub mod table;
+pub mod time;
+pub mod tls;
+pub mod watch;
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, RwLock},
+    time::Duration,
+};
+
+use hyper::{Method, Request, Response, StatusCode, body::Incoming, header};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::json;
+use tokio::{net::TcpListener, sync::watch as gen_watch};
+
+use self::{
+    auth::{Auth, User},
+    faults::{FaultSettings, Faults},
+    http::{Body, full, json_response, status_error},
+    store::Store,
+    tls::{Identity, TestCa},
+};
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Events kept for watches before compaction (kube-apiserver keeps ~5 minutes).
+    pub history_limit: usize,
+    /// How often watches that allow bookmarks get one.
+    pub bookmark_interval: Duration,
+    /// The longest a watch stays open (timeoutSeconds is capped to it).
+    pub max_watch: Duration,
+    /// Extra SANs for the serving certificate (the listen IP is always included).
+    pub sans: Vec<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            history_limit: 100_000,
+            bookmark_interval: Duration::from_secs(1),
+            max_watch: Duration::from_secs(1800),
+            sans: vec![],
+        }
+    }
+}
+
+pub struct State {
+    pub store: Store,
+    pub auth: RwLock<Auth>,
+    pub faults: Faults,
+    pub options: Options,
+    pub url: String,
+}
+
+/// The admin token every stand-in accepts (user `admin`, group `system:masters`).
+pub const ADMIN_TOKEN: &str = "hub-standin-admin-token";
+
+/// A running stand-in. Dropping it stops its runtime and every connection.
+pub struct StandIn {
+    pub state: Arc<State>,
+    pub ca: TestCa,
+    pub serving: Identity,
+    pub addr: SocketAddr,
+    runtime: Option<tokio::runtime::Runtime>,
+    accept: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    generation: gen_watch::Sender<u64>,
+    tls: Arc<rustls::ServerConfig>,
+}
+
+impl StandIn {
+    /// Starts listening on `addr` (port 0 picks one) with its own runtime threads.
+    pub fn start(addr: SocketAddr, options: Options) -> std::io::Result<StandIn> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("standin")
+            .enable_all()
+            .build()?;
+        let listener = runtime.block_on(TcpListener::bind(addr))?;
+        let addr = listener.local_addr()?;
+        let ca = TestCa::new("hub-standin-ca");
+        let mut sans: Vec<String> = vec![
+            addr.ip().to_string(),
+            "localhost".into(),
+            "kubernetes".into(),
+            "kubernetes.default".into(),
+            "kubernetes.default.svc".into(),
+            "kubernetes.default.svc.cluster.local".into(),
+        ];
+        sans.extend(options.sans.iter().cloned());
+        let san_refs: Vec<&str> = sans.iter().map(String::as_str).collect();
+        let serving = ca.server(&san_refs);
+        let tls = ca.server_config(&serving);
+        let mut auth = Auth::new();
+        auth.add_token(ADMIN_TOKEN, "admin", &["system:masters"]);
+        let state = Arc::new(State {
+            store: Store::new(options.history_limit),
+            auth: RwLock::new(auth),
+            faults: Faults::default(),
+            options,
+            url: format!("https://{addr}"),
+        });
+        seed::base(&state.store);
+        let (generation, _) = gen_watch::channel(0);
+        let standin = StandIn {
+            state,
+            ca,
+            serving,
+            addr,
+            runtime: Some(runtime),
+            accept: Mutex::new(None),
+            generation,
+            tls,
+        };
+        standin.spawn_accept(listener);
+        Ok(standin)
+    }
+
+    pub fn url(&self) -> String {
+        self.state.url.clone()
+    }
+
+    fn spawn_accept(&self, listener: TcpListener) {
+        let state = self.state.clone();
+        let acceptor = tokio_rustls::TlsAcceptor::from(self.tls.clone());
+        let generation = self.generation.subscribe();
+        let handle = self.runtime.as_ref().expect("runtime").spawn(accept_loop(listener, state, acceptor, generation));
+        *self.accept.lock().unwrap() = Some(handle);
+    }
+
+    /// Stops listening and drops every open connection, like a crashed apiserver.
+    pub fn stop_listening(&self) {
+        if let Some(h) = self.accept.lock().unwrap().take() {
+            h.abort();
+        }
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// Listens again on the same address.
+    pub fn start_listening(&self) -> std::io::Result<()> {
+        let rt = self.runtime.as_ref().expect("runtime");
+        let addr = self.addr;
+        let listener = rt.block_on(async move {
+            // The old socket may linger for a moment after the abort; retry briefly.
+            let mut last = None;
+            for _ in 0..100 {
+                match TcpListener::bind(addr).await {
+                    Ok(l) => return Ok(l),
+                    Err(e) => last = Some(e),
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(last.expect("an error"))
+        })?;
+        self.spawn_accept(listener);
+        Ok(())
+    }
+
+    pub fn set_faults(&self, f: FaultSettings) {
+        self.state.faults.set(f);
+    }
+
+    /// Writes a kubeconfig for a bearer token (or for the admin token if None).
+    pub fn write_kubeconfig(&self, path: &Path, token: Option<&str>) -> std::io::Result<()> {
+        write_kubeconfig(path, &self.url(), &self.ca.cert_pem(), Credentials::Token(token.unwrap_or(ADMIN_TOKEN)))
+    }
+
+    /// Writes the CA certificate (for clients that take a file).
+    pub fn write_ca(&self, dir: &Path) -> std::io::Result<PathBuf> {
+        let p = dir.join("standin-ca.crt");
+        std::fs::write(&p, self.ca.cert_pem())?;
+        Ok(p)
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        self.stop_listening();
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+}
+
+pub enum Credentials<'a> {
+    Token(&'a str),
+    ClientCert { cert_pem: &'a str, key_pem: &'a str },
+}
+
+/// A kubeconfig pointing at `url`, trusting `ca_pem`.
+pub fn write_kubeconfig(path: &Path, url: &str, ca_pem: &str, creds: Credentials<'_>) -> std::io::Result<()> {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let user = match creds {
+        Credentials::Token(t) => format!("    token: {t}\n"),
+        Credentials::ClientCert { cert_pem, key_pem } => format!(
+            "    client-certificate-data: {}\n    client-key-data: {}\n",
+            b64(cert_pem),
+            b64(key_pem)
+        ),
+    };
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: {url}\n    certificate-authority-data: {}\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: standin\ncurrent-context: standin\nusers:\n- name: standin\n  user:\n{user}",
+        b64(ca_pem)
+    );
+    std::fs::write(path, text)
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<State>,
+    acceptor: tokio_rustls::TlsAcceptor,
+    generation: gen_watch::Receiver<u64>,
+) {
+    let born = *generation.borrow();
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        if state.faults.refusing() {
+            drop(tcp);
+            continue;
+        }
+        let (state, acceptor, mut generation) = (state.clone(), acceptor.clone(), generation.clone());
+        tokio::spawn(async move {
+            let _ = tcp.set_nodelay(true);
+            let Ok(Ok(tls)) = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await else {
+                return;
+            };
+            let cert_user = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| tls::subject_cn_and_orgs(c))
+                .map(|(name, groups)| User { name, groups });
+            let service = hyper::service::service_fn(move |req| {
+                let (state, cert_user) = (state.clone(), cert_user.clone());
+                async move { Ok::<_, std::convert::Infallible>(route(state, cert_user, req).await) }
+            });
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+            tokio::select! {
+                _ = conn => {}
+                _ = generation.wait_for(|g| *g != born) => {}
+            }
+        });
+    }
+}
+
+fn public_path(path: &str) -> bool {
+    matches!(path, "/healthz" | "/livez" | "/readyz" | "/version")
+}
+
+async fn route(state: Arc<State>, cert_user: Option<User>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
+    let user = match &bearer {
+        Some(token) => state.auth.read().unwrap().user_for_token(token),
+        None => cert_user,
+    };
+    if path.starts_with("/_standin/") {
+        return control(&state, user.as_ref(), req).await;
+    }
+    let latency = state.faults.latency();
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    if state.faults.should_fail() {
+        return status_error(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", "injected fault: the server is currently unable to handle the request", None);
+    }
+    let Some(user) = user else {
+        if public_path(&path) {
+            return misc(&path).unwrap_or_else(not_found);
+        }
+        return status_error(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized", None);
+    };
+    if let Some(resp) = misc(&path) {
+        return resp;
+    }
+    let segs: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
+    match (req.method(), segs.as_slice()) {
+        (&Method::GET, ["api"]) => json_response(StatusCode::OK, &discovery::api_versions(&state.url)),
+        (&Method::GET, ["apis"]) => json_response(StatusCode::OK, &discovery::api_groups()),
+        (&Method::GET, ["api", v]) => discovery::resource_list("", v).map_or_else(not_found, |l| json_response(StatusCode::OK, &l)),
+        (&Method::GET, ["apis", g, v]) => discovery::resource_list(g, v).map_or_else(not_found, |l| json_response(StatusCode::OK, &l)),
+        (&Method::GET, ["openapi", "v3"]) => json_response(StatusCode::OK, &discovery::openapi_v3_root()),
+        (&Method::GET, ["openapi", "v3", gv @ ..]) => {
+            discovery::openapi_v3_group(&gv.join("/")).map_or_else(not_found, |d| json_response(StatusCode::OK, &d))
+        }
+        (&Method::POST, ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"]) => {
+            let protobuf = req
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|c| c.as_bytes().starts_with(b"application/vnd.kubernetes.protobuf"));
+            let body = match http::read_body(req).await {
+                Ok(b) => b,
+                Err(resp) => return resp,
+            };
+            let review = if protobuf {
+                proto::unwrap_unknown(&body).and_then(|(_, _, raw)| proto::self_subject_access_review(&raw))
+            } else {
+                serde_json::from_slice(&body).ok()
+            };
+            match review {
+                Some(r) => discovery::access_review(&state, &user, &r),
+                None => http::bad_request("the body of the request was in an unknown format"),
+            }
+        }
+        _ => match http::parse_target(&segs) {
+            Some(target) => http::resource_request(state, user, req, target).await,
+            None => not_found(),
+        },
+    }
+}
+
+fn not_found() -> Response<Body> {
+    status_error(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource", Some(json!({})))
+}
+
+fn misc(path: &str) -> Option<Response<Body>> {
+    let text = |t: &'static str| {
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+            .body(full(t))
+            .expect("response")
+    };
+    match path {
+        "/healthz" | "/livez" | "/readyz" => Some(text("ok")),
+        "/version" => Some(json_response(StatusCode::OK, &discovery::version())),
+        _ => None,
+    }
+}
+
+/// `/_standin/faults` (GET, PUT) and `/_standin/compact` (POST), for system:masters only.
+async fn control(state: &State, user: Option<&User>, req: Request<Incoming>) -> Response<Body> {
+    if !user.is_some_and(|u| u.groups.iter().any(|g| g == "system:masters")) {
+        return status_error(StatusCode::FORBIDDEN, "Forbidden", "the stand-in control endpoints need system:masters", None);
+    }
+    match (req.method().clone(), req.uri().path()) {
+        (Method::GET, "/_standin/faults") => json_response(StatusCode::OK, &json!(state.faults.get())),
+        (Method::PUT, "/_standin/faults") => match http::read_body(req).await.map(|b| serde_json::from_slice::<FaultSettings>(&b)) {
+            Ok(Ok(f)) => {
+                state.faults.set(f);
+                json_response(StatusCode::OK, &json!(state.faults.get()))
+            }
+            Ok(Err(e)) => http::bad_request(&e.to_string()),
+            Err(resp) => resp,
+        },
+        (Method::POST, "/_standin/compact") => {
+            state.store.compact();
+            json_response(StatusCode::OK, &json!({"compactedTo": state.store.current_rv()}))
+        }
+        _ => not_found(),
+    }
+}

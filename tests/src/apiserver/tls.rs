@@ -1,0 +1,194 @@
+//! A test PKI generated per run: one CA, serving certificates, client certificates
+//! (CN = user, O = groups, as kube-apiserver reads them), and the identity of a verified
+//! client certificate.
+use std::{path::Path, sync::Arc};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
+};
+use rustls::{
+    RootCertStore, ServerConfig,
+    pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer},
+    server::WebPkiClientVerifier,
+};
+
+pub struct TestCa {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+/// A certificate and its key, PEM and DER.
+#[derive(Clone)]
+pub struct Identity {
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub cert_der: CertificateDer<'static>,
+    pub key_der: Vec<u8>,
+}
+
+impl Identity {
+    /// Writes `<stem>.crt` and `<stem>.key` (owner-only) into `dir`.
+    pub fn write(&self, dir: &Path, stem: &str) -> std::io::Result<(std::path::PathBuf, std::path::PathBuf)> {
+        use std::os::unix::fs::PermissionsExt;
+        let crt = dir.join(format!("{stem}.crt"));
+        let key = dir.join(format!("{stem}.key"));
+        std::fs::write(&crt, &self.cert_pem)?;
+        std::fs::write(&key, &self.key_pem)?;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
+        Ok((crt, key))
+    }
+
+    pub fn key(&self) -> PrivateKeyDer<'static> {
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key_der.clone()))
+    }
+}
+
+fn rustls_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+impl TestCa {
+    pub fn new(name: &str) -> Self {
+        let mut params = CertificateParams::default();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name = DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let key = KeyPair::generate().expect("CA key");
+        TestCa {
+            issuer: CertifiedIssuer::self_signed(params, key).expect("CA cert"),
+        }
+    }
+
+    pub fn cert_pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    pub fn cert_der(&self) -> CertificateDer<'static> {
+        self.issuer.der().clone()
+    }
+
+    fn issue(&self, params: CertificateParams) -> Identity {
+        let key = KeyPair::generate().expect("leaf key");
+        let cert = params.signed_by(&key, &self.issuer).expect("sign leaf");
+        Identity {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            cert_der: cert.der().clone(),
+            key_der: key.serialize_der(),
+        }
+    }
+
+    /// A serving certificate for DNS names and IP addresses.
+    pub fn server(&self, sans: &[&str]) -> Identity {
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+        params.subject_alt_names = sans
+            .iter()
+            .map(|s| match s.parse::<std::net::IpAddr>() {
+                Ok(ip) => SanType::IpAddress(ip),
+                Err(_) => SanType::DnsName((*s).try_into().expect("DNS SAN")),
+            })
+            .collect();
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        self.issue(params)
+    }
+
+    /// A client certificate: CN is the user, each O a group.
+    pub fn client(&self, user: &str, groups: &[&str]) -> Identity {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, user);
+        for g in groups {
+            params.distinguished_name.push(DnType::OrganizationName, *g);
+        }
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        self.issue(params)
+    }
+
+    /// rustls server config: this identity, client certificates optional but verified
+    /// against this CA, ALPN h2 and http/1.1 (as kube-apiserver).
+    pub fn server_config(&self, serving: &Identity) -> Arc<ServerConfig> {
+        let mut roots = RootCertStore::empty();
+        roots.add(self.cert_der()).expect("CA into roots");
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), rustls_provider())
+            .allow_unauthenticated()
+            .build()
+            .expect("client verifier");
+        let mut config = ServerConfig::builder_with_provider(rustls_provider())
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(vec![serving.cert_der.clone()], serving.key())
+            .expect("server cert");
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Arc::new(config)
+    }
+}
+
+/// (CN, [O...]) of a DER certificate's subject, read with a minimal DER walk.
+pub fn subject_cn_and_orgs(der: &[u8]) -> Option<(String, Vec<String>)> {
+    // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version?, serial, sigAlg,
+    //                 issuer, validity, subject, ... } ... }
+    let (_, cert, _) = tlv(der)?;
+    let (_, mut tbs, _) = tlv(cert)?;
+    let mut fields = Vec::new();
+    while !tbs.is_empty() && fields.len() < 6 {
+        let (tag, value, rest) = tlv(tbs)?;
+        fields.push((tag, value));
+        tbs = rest;
+    }
+    let skip = usize::from(fields.first()?.0 == 0xa0); // explicit version tag
+    let subject = fields.get(4 + skip)?.1;
+    let (mut cn, mut orgs) = (String::new(), Vec::new());
+    let mut rdns = subject;
+    while !rdns.is_empty() {
+        let (_, set, rest) = tlv(rdns)?;
+        rdns = rest;
+        let (_, atv, _) = tlv(set)?;
+        let (_, oid, after) = tlv(atv)?;
+        let (_, value, _) = tlv(after)?;
+        let text = String::from_utf8_lossy(value).into_owned();
+        match oid {
+            [0x55, 0x04, 0x03] => cn = text,
+            [0x55, 0x04, 0x0a] => orgs.push(text),
+            _ => {}
+        }
+    }
+    Some((cn, orgs))
+}
+
+/// One DER tag-length-value: (tag, value, remaining input).
+fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let tag = *input.first()?;
+    let first = *input.get(1)? as usize;
+    let (len, header) = if first < 0x80 {
+        (first, 2)
+    } else {
+        let n = first & 0x7f;
+        if n == 0 || n > 4 {
+            return None;
+        }
+        let mut len = 0usize;
+        for i in 0..n {
+            len = (len << 8) | *input.get(2 + i)? as usize;
+        }
+        (len, 2 + n)
+    };
+    let end = header.checked_add(len)?;
+    Some((tag, input.get(header..end)?, input.get(end..)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_certificate_subject_is_read_back() {
+        let ca = TestCa::new("t");
+        let id = ca.client("system:node:edge-1", &["system:nodes", "extra"]);
+        let (cn, orgs) = subject_cn_and_orgs(&id.cert_der).unwrap();
+        assert_eq!(cn, "system:node:edge-1");
+        assert_eq!(orgs, vec!["system:nodes", "extra"]);
+    }
+}
