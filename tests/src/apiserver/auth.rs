@@ -32,7 +32,7 @@ impl Rule {
 
     fn allows(&self, user: &User, verb: &str, resource: &str, namespace: &str) -> bool {
         let any = |list: &[String], v: &str| list.iter().any(|x| x == "*" || x == v);
-        (self.subject == user.name || user.groups.iter().any(|g| *g == self.subject))
+        (self.subject == user.name || user.groups.contains(&self.subject))
             && any(&self.verbs, verb)
             && any(&self.resources, resource)
             && any(&self.namespaces, namespace)
@@ -73,6 +73,8 @@ impl Auth {
     }
 
     pub fn authorize(&self, user: &User, verb: &str, resource: &str, namespace: &str) -> bool {
-        self.rules.iter().any(|r| r.allows(user, verb, resource, namespace))
+        self.rules
+            .iter()
+            .any(|r| r.allows(user, verb, resource, namespace))
     }
 }

@@ -33,7 +33,16 @@ pub fn api_groups() -> Value {
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
-const VERBS: [&str; 8] = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+const VERBS: [&str; 8] = [
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
 
 /// APIResourceList for one group version, or None if unknown.
 pub fn resource_list(group: &str, version: &str) -> Option<Value> {
@@ -41,7 +50,10 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
     if group == "authorization.k8s.io" && version == "v1" {
         list.push(json!({"name": "selfsubjectaccessreviews", "singularName": "selfsubjectaccessreview", "namespaced": false, "kind": "SelfSubjectAccessReview", "verbs": ["create"]}));
     }
-    for r in RESOURCES.iter().filter(|r| r.group == group && r.version == version) {
+    for r in RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+    {
         let mut entry = json!({
             "name": r.name, "singularName": r.singular, "namespaced": r.namespaced, "kind": r.kind,
             "verbs": VERBS, "storageVersionHash": "standin",
@@ -66,8 +78,14 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
     if list.is_empty() {
         return None;
     }
-    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list}))
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list}),
+    )
 }
 
 /// POST selfsubjectaccessreviews: would this user be allowed?
@@ -79,7 +97,11 @@ pub fn access_review(state: &State, user: &User, body: &Value) -> hyper::Respons
         resource = format!("{resource}/{sub}");
     }
     let ns = a["namespace"].as_str().unwrap_or("");
-    let allowed = state.auth.read().unwrap().authorize(user, verb, &resource, ns);
+    let allowed = state
+        .auth
+        .read()
+        .unwrap()
+        .authorize(user, verb, &resource, ns);
     let mut out = body.clone();
     out["status"] = json!({"allowed": allowed});
     if !allowed {
@@ -92,9 +114,16 @@ pub fn access_review(state: &State, user: &User, body: &Value) -> hyper::Respons
 pub fn openapi_v3_root() -> Value {
     let mut paths = serde_json::Map::new();
     let mut gvs: Vec<String> = vec!["api/v1".into()];
-    gvs.extend(resources::groups().into_iter().map(|(g, v)| format!("apis/{g}/{v}")));
+    gvs.extend(
+        resources::groups()
+            .into_iter()
+            .map(|(g, v)| format!("apis/{g}/{v}")),
+    );
     for gv in gvs {
-        paths.insert(gv.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{gv}?hash=standin")}));
+        paths.insert(
+            gv.clone(),
+            json!({"serverRelativeURL": format!("/openapi/v3/{gv}?hash=standin")}),
+        );
     }
     json!({"paths": paths})
 }
@@ -109,8 +138,15 @@ pub fn openapi_v3_group(gv: &str) -> Option<Value> {
         _ => return None,
     };
     let mut paths = serde_json::Map::new();
-    for r in RESOURCES.iter().filter(|r| r.group == group && r.version == version) {
-        let prefix = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
+    for r in RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+    {
+        let prefix = if group.is_empty() {
+            format!("/api/{version}")
+        } else {
+            format!("/apis/{group}/{version}")
+        };
         let path = if r.namespaced {
             format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", r.name)
         } else {
@@ -129,5 +165,7 @@ pub fn openapi_v3_group(gv: &str) -> Option<Value> {
     if paths.is_empty() {
         return None;
     }
-    Some(json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.32.0"}, "paths": paths, "components": {"schemas": {}}}))
+    Some(
+        json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.32.0"}, "paths": paths, "components": {"schemas": {}}}),
+    )
 }

@@ -30,9 +30,11 @@ pub struct FaultSettings {
 impl Faults {
     pub fn set(&self, s: FaultSettings) {
         self.latency_ms.store(s.latency_ms, Ordering::SeqCst);
-        self.error_permille.store(s.error_permille.min(1000), Ordering::SeqCst);
+        self.error_permille
+            .store(s.error_permille.min(1000), Ordering::SeqCst);
         self.refuse.store(s.refuse, Ordering::SeqCst);
-        self.freeze_watches.store(s.freeze_watches, Ordering::SeqCst);
+        self.freeze_watches
+            .store(s.freeze_watches, Ordering::SeqCst);
     }
 
     pub fn get(&self) -> FaultSettings {

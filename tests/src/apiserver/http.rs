@@ -34,7 +34,12 @@ pub fn json_response(code: StatusCode, value: &Value) -> Response<Body> {
 }
 
 /// A metav1.Status error, as every kube-apiserver error is.
-pub fn status_error(code: StatusCode, reason: &str, message: &str, details: Option<Value>) -> Response<Body> {
+pub fn status_error(
+    code: StatusCode,
+    reason: &str,
+    message: &str,
+    details: Option<Value>,
+) -> Response<Body> {
     let mut s = json!({
         "kind": "Status",
         "apiVersion": "v1",
@@ -80,10 +85,12 @@ pub fn negotiate(accept: Option<&str>) -> Option<Format> {
         let media = fields.next().unwrap_or_default().to_ascii_lowercase();
         let params: HashMap<&str, &str> = fields.filter_map(|f| f.split_once('=')).collect();
         match media.as_str() {
-            "application/json" if params.get("as") == Some(&"Table") => {
-                if params.get("v") == Some(&"v1") && params.get("g") == Some(&"meta.k8s.io") {
-                    return Some(Format::Table);
-                }
+            "application/json"
+                if params.get("as") == Some(&"Table")
+                    && params.get("v") == Some(&"v1")
+                    && params.get("g") == Some(&"meta.k8s.io") =>
+            {
+                return Some(Format::Table);
             }
             "application/json" if params.contains_key("as") => {}
             "application/json" | "*/*" | "application/*" => return Some(Format::Json),
@@ -111,7 +118,10 @@ pub fn percent_decode(s: &str) -> String {
         match b[i] {
             b'+' => out.push(b' '),
             b'%' if i + 2 < b.len() => {
-                match std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                match std::str::from_utf8(&b[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                {
                     Some(v) => {
                         out.push(v);
                         i += 2;
@@ -142,9 +152,19 @@ pub fn query(uri: &hyper::Uri) -> HashMap<String, String> {
     query_pairs(uri).collect()
 }
 
+/// A boolean query parameter, parsed like Go's strconv.ParseBool (as kube-apiserver does:
+/// the Python client sends `watch=True`).
+pub fn flag(q: &HashMap<String, String>, name: &str) -> bool {
+    q.get(name)
+        .is_some_and(|v| matches!(v.as_str(), "1" | "t" | "T" | "true" | "TRUE" | "True"))
+}
+
 /// Every value of a repeated query parameter (e.g. exec's `command`).
 pub fn query_values(uri: &hyper::Uri, name: &str) -> Vec<String> {
-    query_pairs(uri).filter(|(k, _)| k == name).map(|(_, v)| v).collect()
+    query_pairs(uri)
+        .filter(|(k, _)| k == name)
+        .map(|(_, v)| v)
+        .collect()
 }
 
 /// A parsed resource URL.
@@ -165,12 +185,17 @@ pub fn parse_target(segs: &[&str]) -> Option<Target> {
     };
     let find = |name: &str| resources::find(group, version, name);
     match rest {
-        ["namespaces", ns, res, tail @ ..] if find(res).is_some_and(|r| resources::get(r).namespaced) => {
+        ["namespaces", ns, res, tail @ ..]
+            if find(res).is_some_and(|r| resources::get(r).namespaced) =>
+        {
             Some(Target {
                 resource: find(res)?,
                 namespace: Some(ns.to_string()),
                 name: tail.first().map(|s| s.to_string()),
-                subresource: tail.get(1).map(|s| s.to_string()).filter(|_| tail.len() == 2),
+                subresource: tail
+                    .get(1)
+                    .map(|s| s.to_string())
+                    .filter(|_| tail.len() == 2),
             })
             .filter(|_| tail.len() <= 2)
         }
@@ -190,7 +215,8 @@ pub fn valid_name(name: &str) -> bool {
         && name.len() <= 253
         && name.split('.').all(|l| {
             !l.is_empty()
-                && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                 && !l.starts_with('-')
                 && !l.ends_with('-')
         })
@@ -210,12 +236,17 @@ fn invalid(r: &Resource, name: &str, field: &str, message: &str) -> Response<Bod
 pub async fn read_body(req: Request<Incoming>) -> Result<Bytes, Response<Body>> {
     match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(status_error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "RequestEntityTooLarge",
-            &format!("Request entity too large: limit is {MAX_BODY}"),
-            None,
-        )),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(status_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "RequestEntityTooLarge",
+                &format!("Request entity too large: limit is {MAX_BODY}"),
+                None,
+            ))
+        }
         Err(e) => Err(bad_request(&format!("reading the request body: {e}"))),
     }
 }
@@ -223,8 +254,12 @@ pub async fn read_body(req: Request<Incoming>) -> Result<Bytes, Response<Body>> 
 fn decode_object(body: &[u8]) -> Result<Value, Response<Body>> {
     match serde_json::from_slice::<Value>(body) {
         Ok(v @ Value::Object(_)) => Ok(v),
-        Ok(_) => Err(bad_request("the body of the request was in an unknown format")),
-        Err(e) => Err(bad_request(&format!("couldn't get version/kind; json parse error: {e}"))),
+        Ok(_) => Err(bad_request(
+            "the body of the request was in an unknown format",
+        )),
+        Err(e) => Err(bad_request(&format!(
+            "couldn't get version/kind; json parse error: {e}"
+        ))),
     }
 }
 
@@ -241,7 +276,7 @@ fn list_item(r: &Resource, obj: &Value) -> Value {
 }
 
 fn verb_of(method: &Method, t: &Target, q: &HashMap<String, String>) -> &'static str {
-    let watch = q.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let watch = flag(q, "watch");
     match (method, t.name.is_some()) {
         (&Method::GET, _) if watch => "watch",
         (&Method::GET, true) => "get",
@@ -293,27 +328,41 @@ pub async fn resource_request(
         return not_found(r, target.name.as_deref().unwrap_or(""));
     }
     if !r.namespaced && target.namespace.is_some() {
-        return status_error(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource", None);
+        return status_error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+            None,
+        );
     }
     if let Some(sub) = &target.subresource
         && !r.subresources.contains(&sub.as_str())
     {
-        return status_error(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource", None);
+        return status_error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+            None,
+        );
     }
     let sub = target.subresource.as_deref();
     let authz_verb = match (verb, sub) {
         ("create", Some("exec" | "attach")) | ("get", Some("exec" | "attach")) => "create",
         (v, _) => v,
     };
-    if !state
-        .auth
-        .read()
-        .unwrap()
-        .authorize(&user, authz_verb, &sub.map_or(r.name.to_string(), |s| format!("{}/{s}", r.name)), &ns)
-    {
+    if !state.auth.read().unwrap().authorize(
+        &user,
+        authz_verb,
+        &sub.map_or(r.name.to_string(), |s| format!("{}/{s}", r.name)),
+        &ns,
+    ) {
         return forbidden(&user, authz_verb, r, sub, &ns);
     }
-    let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let format = match sub {
         Some("log" | "exec" | "attach") => Format::Json,
         _ => match negotiate(accept.as_deref()) {
@@ -360,12 +409,20 @@ pub async fn resource_request(
         }
         ("delete", _) => delete(&state, &target),
         ("deletecollection", _) => delete_collection(&state, &target, &q),
-        _ => status_error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "the server does not allow this method on the requested resource", None),
+        _ => status_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+            None,
+        ),
     }
 }
 
 /// Checks Content-Type against `allowed` and reads the body.
-async fn read_write_body(req: Request<Incoming>, allowed: &[&str]) -> Result<(Bytes, String), Response<Body>> {
+async fn read_write_body(
+    req: Request<Incoming>,
+    allowed: &[&str],
+) -> Result<(Bytes, String), Response<Body>> {
     let ctype = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -380,7 +437,10 @@ async fn read_write_body(req: Request<Incoming>, allowed: &[&str]) -> Result<(By
         return Err(status_error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "UnsupportedMediaType",
-            &format!("the body of the request was in an unknown format - accepted media types include: {}", allowed.join(", ")),
+            &format!(
+                "the body of the request was in an unknown format - accepted media types include: {}",
+                allowed.join(", ")
+            ),
             None,
         ));
     }
@@ -399,9 +459,14 @@ fn get(state: &State, t: &Target, format: Format) -> Response<Body> {
     let r = resources::get(t.resource);
     let name = t.name.as_deref().unwrap_or_default();
     match state.store.get(&key(t, name)) {
-        Some(obj) if format == Format::Table => {
-            json_response(StatusCode::OK, &table::table(r, &[&obj], json!({"resourceVersion": rv_of(&obj).to_string()})))
-        }
+        Some(obj) if format == Format::Table => json_response(
+            StatusCode::OK,
+            &table::table(
+                r,
+                &[&obj],
+                json!({"resourceVersion": rv_of(&obj).to_string()}),
+            ),
+        ),
         Some(obj) => json_response(StatusCode::OK, &obj),
         None => not_found(r, name),
     }
@@ -416,14 +481,25 @@ fn encode_continue(rv: u64, last: &Key) -> String {
 
 fn decode_continue(token: &str) -> Option<(u64, String, String)> {
     use base64::Engine;
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).ok()?;
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .ok()?;
     let v: Value = serde_json::from_slice(&raw).ok()?;
-    Some((v["rv"].as_u64()?, v["ns"].as_str()?.into(), v["name"].as_str()?.into()))
+    Some((
+        v["rv"].as_u64()?,
+        v["ns"].as_str()?.into(),
+        v["name"].as_str()?.into(),
+    ))
 }
 
-pub fn selectors(r: &Resource, q: &HashMap<String, String>) -> Result<(LabelSelector, FieldSelector), Response<Body>> {
-    let labels = LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str)).map_err(|e| bad_request(&e))?;
-    let fields = FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str), r.kind).map_err(|e| bad_request(&e))?;
+pub fn selectors(
+    r: &Resource,
+    q: &HashMap<String, String>,
+) -> Result<(LabelSelector, FieldSelector), Response<Body>> {
+    let labels = LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str))
+        .map_err(|e| bad_request(&e))?;
+    let fields = FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str), r.kind)
+        .map_err(|e| bad_request(&e))?;
     Ok((labels, fields))
 }
 
@@ -440,14 +516,26 @@ fn list(state: &State, t: &Target, q: &HashMap<String, String>, format: Format) 
     };
     let (at_rv, start) = match q.get("continue").filter(|c| !c.is_empty()) {
         Some(token) => match decode_continue(token) {
-            Some((rv, ns, name)) => (Some(rv), Some(Key { resource: t.resource, namespace: ns, name })),
+            Some((rv, ns, name)) => (
+                Some(rv),
+                Some(Key {
+                    resource: t.resource,
+                    namespace: ns,
+                    name,
+                }),
+            ),
             None => return bad_request("continue key is not valid: malformed token"),
         },
         None => (None, None),
     };
-    let page = match state.store.list(t.resource, t.namespace.as_deref(), at_rv, start.as_ref(), limit, |o| {
-        labels.matches(o) && fields.matches(o)
-    }) {
+    let page = match state.store.list(
+        t.resource,
+        t.namespace.as_deref(),
+        at_rv,
+        start.as_ref(),
+        limit,
+        |o| labels.matches(o) && fields.matches(o),
+    ) {
         Ok(p) => p,
         Err(StoreError::Gone { .. }) => {
             return status_error(
@@ -480,7 +568,14 @@ fn uid() -> String {
     static N: AtomicU64 = AtomicU64::new(1);
     let n = N.fetch_add(1, Ordering::Relaxed);
     let t = time::now_unix();
-    format!("{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}", t as u32, (n >> 32) as u16, (n >> 20) as u16 & 0xfff, (n >> 8) as u16 & 0xfff, n)
+    format!(
+        "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+        t as u32,
+        (n >> 32) as u16,
+        (n >> 20) as u16 & 0xfff,
+        (n >> 8) as u16 & 0xfff,
+        n
+    )
 }
 
 fn suffix() -> String {
@@ -502,12 +597,18 @@ fn check_object(r: &Resource, t: &Target, obj: &mut Value) -> Result<(), Respons
     if let Some(k) = obj.get("kind").and_then(Value::as_str)
         && k != r.kind
     {
-        return Err(bad_request(&format!("the kind of the body ({k}) does not match the resource ({})", r.kind)));
+        return Err(bad_request(&format!(
+            "the kind of the body ({k}) does not match the resource ({})",
+            r.kind
+        )));
     }
     if let Some(a) = obj.get("apiVersion").and_then(Value::as_str)
         && a != r.api_version()
     {
-        return Err(bad_request(&format!("the API version in the data ({a}) does not match the expected API version ({})", r.api_version())));
+        return Err(bad_request(&format!(
+            "the API version in the data ({a}) does not match the expected API version ({})",
+            r.api_version()
+        )));
     }
     obj["kind"] = json!(r.kind);
     obj["apiVersion"] = json!(r.api_version());
@@ -517,7 +618,9 @@ fn check_object(r: &Resource, t: &Target, obj: &mut Value) -> Result<(), Respons
     if let Some(ns) = &t.namespace {
         match obj["metadata"]["namespace"].as_str() {
             Some(body_ns) if body_ns != ns && !body_ns.is_empty() => {
-                return Err(bad_request("the namespace of the provided object does not match the namespace sent on the request"));
+                return Err(bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
             }
             _ => obj["metadata"]["namespace"] = json!(ns),
         }
@@ -528,9 +631,15 @@ fn check_object(r: &Resource, t: &Target, obj: &mut Value) -> Result<(), Respons
 }
 
 fn namespace_exists(state: &State, t: &Target) -> Result<(), Response<Body>> {
-    let Some(ns) = &t.namespace else { return Ok(()) };
+    let Some(ns) = &t.namespace else {
+        return Ok(());
+    };
     let ns_res = resources::find("", "v1", "namespaces").expect("namespaces");
-    let k = Key { resource: ns_res, namespace: String::new(), name: ns.clone() };
+    let k = Key {
+        resource: ns_res,
+        namespace: String::new(),
+        name: ns.clone(),
+    };
     if state.store.get(&k).is_none() {
         return Err(not_found(resources::get(ns_res), ns));
     }
@@ -549,17 +658,35 @@ fn store_error(r: &Resource, name: &str, e: StoreError) -> Response<Body> {
         StoreError::Conflict => status_error(
             StatusCode::CONFLICT,
             "Conflict",
-            &format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", r.group_resource()),
+            &format!(
+                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                r.group_resource()
+            ),
             Some(json!({"name": name, "group": r.group, "kind": r.name})),
         ),
-        StoreError::Gone { .. } => status_error(StatusCode::GONE, "Expired", "resource version too old", None),
+        StoreError::Gone { .. } => status_error(
+            StatusCode::GONE,
+            "Expired",
+            "resource version too old",
+            None,
+        ),
     }
 }
 
-pub fn create(state: &State, t: &Target, body: &[u8], q: &HashMap<String, String>) -> Response<Body> {
+pub fn create(
+    state: &State,
+    t: &Target,
+    body: &[u8],
+    q: &HashMap<String, String>,
+) -> Response<Body> {
     let r = resources::get(t.resource);
     if t.name.is_some() {
-        return status_error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "POST is not allowed on a named resource", None);
+        return status_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "POST is not allowed on a named resource",
+            None,
+        );
     }
     let mut obj = match decode_object(body) {
         Ok(o) => o,
@@ -568,15 +695,32 @@ pub fn create(state: &State, t: &Target, body: &[u8], q: &HashMap<String, String
     if let Err(e) = check_object(r, t, &mut obj) {
         return e;
     }
-    let mut name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let mut name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     if name.is_empty() {
         match obj["metadata"]["generateName"].as_str() {
             Some(prefix) if !prefix.is_empty() => name = format!("{prefix}{}", suffix()),
-            _ => return invalid(r, "", "metadata.name", "Required value: name or generateName is required"),
+            _ => {
+                return invalid(
+                    r,
+                    "",
+                    "metadata.name",
+                    "Required value: name or generateName is required",
+                );
+            }
         }
     }
     if !valid_name(&name) {
-        return invalid(r, &name, "metadata.name", &format!("Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"));
+        return invalid(
+            r,
+            &name,
+            "metadata.name",
+            &format!(
+                "Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
+            ),
+        );
     }
     if let Err(e) = namespace_exists(state, t) {
         return e;
@@ -628,7 +772,10 @@ fn merge_for_write(r: &Resource, sub: Option<&str>, current: &Value, mut new: Va
 }
 
 fn expected_rv(obj: &Value) -> Option<u64> {
-    obj["metadata"]["resourceVersion"].as_str().filter(|s| !s.is_empty()).and_then(|s| s.parse().ok())
+    obj["metadata"]["resourceVersion"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .and_then(|s| s.parse().ok())
 }
 
 fn update(state: &State, t: &Target, body: &[u8]) -> Response<Body> {
@@ -646,7 +793,9 @@ fn update(state: &State, t: &Target, body: &[u8]) -> Response<Body> {
     }
     let expected = expected_rv(&obj);
     let sub = t.subresource.as_deref();
-    match state.store.update(key(t, &name), expected, |cur| merge_for_write(r, sub, cur, obj)) {
+    match state.store.update(key(t, &name), expected, |cur| {
+        merge_for_write(r, sub, cur, obj)
+    }) {
         Ok(o) => json_response(StatusCode::OK, &o),
         Err(e) => store_error(r, &name, e),
     }
@@ -671,7 +820,9 @@ fn patch_object(state: &State, t: &Target, body: &[u8], ctype: &str) -> Response
                     return cur.clone();
                 }
             }
-            "application/strategic-merge-patch+json" => patch::strategic_merge_patch(&mut new, &patch_doc),
+            "application/strategic-merge-patch+json" => {
+                patch::strategic_merge_patch(&mut new, &patch_doc)
+            }
             _ => patch::merge_patch(&mut new, &patch_doc),
         }
         new["kind"] = cur["kind"].clone();
@@ -681,7 +832,12 @@ fn patch_object(state: &State, t: &Target, body: &[u8], ctype: &str) -> Response
     if let Some(e) = failure {
         // The store wrote the unchanged object; that is harmless but bumps the rv, as an
         // empty update would. Report the patch error as kube-apiserver does.
-        return status_error(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", &format!("the server rejected our request due to an error in our request: {e}"), None);
+        return status_error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            &format!("the server rejected our request due to an error in our request: {e}"),
+            None,
+        );
     }
     match result {
         Ok(o) => json_response(StatusCode::OK, &o),
@@ -706,12 +862,26 @@ fn delete(state: &State, t: &Target) -> Response<Body> {
 /// Namespace deletion removes what it holds (immediately; the real server finalizes
 /// asynchronously through the namespace controller).
 fn delete_namespace_contents(state: &State, ns: &str) {
-    for (i, r) in resources::RESOURCES.iter().enumerate().filter(|(_, r)| r.namespaced) {
+    for (i, r) in resources::RESOURCES
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.namespaced)
+    {
         let id = ResourceId(i);
         if let Ok(page) = state.store.list(id, Some(ns), None, None, 0, |_| true) {
             for obj in page.items {
-                let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
-                let _ = state.store.delete(Key { resource: id, namespace: ns.into(), name }, None);
+                let name = obj["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let _ = state.store.delete(
+                    Key {
+                        resource: id,
+                        namespace: ns.into(),
+                        name,
+                    },
+                    None,
+                );
             }
         }
         let _ = r;
@@ -724,14 +894,28 @@ fn delete_collection(state: &State, t: &Target, q: &HashMap<String, String>) -> 
         Ok(s) => s,
         Err(e) => return e,
     };
-    let page = match state.store.list(t.resource, t.namespace.as_deref(), None, None, 0, |o| labels.matches(o) && fields.matches(o)) {
+    let page = match state
+        .store
+        .list(t.resource, t.namespace.as_deref(), None, None, 0, |o| {
+            labels.matches(o) && fields.matches(o)
+        }) {
         Ok(p) => p,
         Err(e) => return store_error(r, "", e),
     };
     let mut deleted = Vec::new();
     for obj in page.items {
-        let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
-        let k = Key { resource: t.resource, namespace: obj["metadata"]["namespace"].as_str().unwrap_or_default().into(), name };
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let k = Key {
+            resource: t.resource,
+            namespace: obj["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .into(),
+            name,
+        };
         if let Ok(o) = state.store.delete(k, None) {
             deleted.push(list_item(r, &o));
         }

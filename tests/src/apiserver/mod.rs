@@ -4,7 +4,10 @@
 //! discovery, authentication (tokens, client certificates) and authorisation, plus fault
 //! knobs. Known gaps: no protobuf yet, no SPDY, no server-side apply, no admission, and
 //! namespace deletion is immediate.
+// Handlers return ready-made error responses through `Result`; boxing them buys nothing.
+#![allow(clippy::result_large_err)]
 pub mod auth;
+pub mod client;
 pub mod discovery;
 pub mod faults;
 pub mod http;
@@ -142,7 +145,11 @@ impl StandIn {
         let state = self.state.clone();
         let acceptor = tokio_rustls::TlsAcceptor::from(self.tls.clone());
         let generation = self.generation.subscribe();
-        let handle = self.runtime.as_ref().expect("runtime").spawn(accept_loop(listener, state, acceptor, generation));
+        let handle = self
+            .runtime
+            .as_ref()
+            .expect("runtime")
+            .spawn(accept_loop(listener, state, acceptor, generation));
         *self.accept.lock().unwrap() = Some(handle);
     }
 
@@ -180,7 +187,12 @@ impl StandIn {
 
     /// Writes a kubeconfig for a bearer token (or for the admin token if None).
     pub fn write_kubeconfig(&self, path: &Path, token: Option<&str>) -> std::io::Result<()> {
-        write_kubeconfig(path, &self.url(), &self.ca.cert_pem(), Credentials::Token(token.unwrap_or(ADMIN_TOKEN)))
+        write_kubeconfig(
+            path,
+            &self.url(),
+            &self.ca.cert_pem(),
+            Credentials::Token(token.unwrap_or(ADMIN_TOKEN)),
+        )
     }
 
     /// Writes the CA certificate (for clients that take a file).
@@ -206,7 +218,12 @@ pub enum Credentials<'a> {
 }
 
 /// A kubeconfig pointing at `url`, trusting `ca_pem`.
-pub fn write_kubeconfig(path: &Path, url: &str, ca_pem: &str, creds: Credentials<'_>) -> std::io::Result<()> {
+pub fn write_kubeconfig(
+    path: &Path,
+    url: &str,
+    ca_pem: &str,
+    creds: Credentials<'_>,
+) -> std::io::Result<()> {
     use base64::Engine;
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let user = match creds {
@@ -240,10 +257,13 @@ async fn accept_loop(
             drop(tcp);
             continue;
         }
-        let (state, acceptor, mut generation) = (state.clone(), acceptor.clone(), generation.clone());
+        let (state, acceptor, mut generation) =
+            (state.clone(), acceptor.clone(), generation.clone());
         tokio::spawn(async move {
             let _ = tcp.set_nodelay(true);
-            let Ok(Ok(tls)) = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await else {
+            let Ok(Ok(tls)) =
+                tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
+            else {
                 return;
             };
             let cert_user = tls
@@ -271,7 +291,11 @@ fn public_path(path: &str) -> bool {
     matches!(path, "/healthz" | "/livez" | "/readyz" | "/version")
 }
 
-async fn route(state: Arc<State>, cert_user: Option<User>, req: Request<Incoming>) -> Response<Body> {
+async fn route(
+    state: Arc<State>,
+    cert_user: Option<User>,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let path = req.uri().path().to_string();
     let bearer = req
         .headers()
@@ -291,38 +315,66 @@ async fn route(state: Arc<State>, cert_user: Option<User>, req: Request<Incoming
         tokio::time::sleep(latency).await;
     }
     if state.faults.should_fail() {
-        return status_error(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", "injected fault: the server is currently unable to handle the request", None);
+        return status_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            "injected fault: the server is currently unable to handle the request",
+            None,
+        );
     }
     let Some(user) = user else {
         if public_path(&path) {
             return misc(&path).unwrap_or_else(not_found);
         }
-        return status_error(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized", None);
+        return status_error(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "Unauthorized",
+            None,
+        );
     };
     if let Some(resp) = misc(&path) {
         return resp;
     }
-    let segs: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
+    let segs: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
     match (req.method(), segs.as_slice()) {
-        (&Method::GET, ["api"]) => json_response(StatusCode::OK, &discovery::api_versions(&state.url)),
-        (&Method::GET, ["apis"]) => json_response(StatusCode::OK, &discovery::api_groups()),
-        (&Method::GET, ["api", v]) => discovery::resource_list("", v).map_or_else(not_found, |l| json_response(StatusCode::OK, &l)),
-        (&Method::GET, ["apis", g, v]) => discovery::resource_list(g, v).map_or_else(not_found, |l| json_response(StatusCode::OK, &l)),
-        (&Method::GET, ["openapi", "v3"]) => json_response(StatusCode::OK, &discovery::openapi_v3_root()),
-        (&Method::GET, ["openapi", "v3", gv @ ..]) => {
-            discovery::openapi_v3_group(&gv.join("/")).map_or_else(not_found, |d| json_response(StatusCode::OK, &d))
+        (&Method::GET, ["api"]) => {
+            json_response(StatusCode::OK, &discovery::api_versions(&state.url))
         }
-        (&Method::POST, ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"]) => {
-            let protobuf = req
-                .headers()
-                .get(header::CONTENT_TYPE)
-                .is_some_and(|c| c.as_bytes().starts_with(b"application/vnd.kubernetes.protobuf"));
+        (&Method::GET, ["apis"]) => json_response(StatusCode::OK, &discovery::api_groups()),
+        (&Method::GET, ["api", v]) => discovery::resource_list("", v)
+            .map_or_else(not_found, |l| json_response(StatusCode::OK, &l)),
+        (&Method::GET, ["apis", g, v]) => discovery::resource_list(g, v)
+            .map_or_else(not_found, |l| json_response(StatusCode::OK, &l)),
+        (&Method::GET, ["openapi", "v3"]) => {
+            json_response(StatusCode::OK, &discovery::openapi_v3_root())
+        }
+        (&Method::GET, ["openapi", "v3", gv @ ..]) => discovery::openapi_v3_group(&gv.join("/"))
+            .map_or_else(not_found, |d| json_response(StatusCode::OK, &d)),
+        (
+            &Method::POST,
+            [
+                "apis",
+                "authorization.k8s.io",
+                "v1",
+                "selfsubjectaccessreviews",
+            ],
+        ) => {
+            let protobuf = req.headers().get(header::CONTENT_TYPE).is_some_and(|c| {
+                c.as_bytes()
+                    .starts_with(b"application/vnd.kubernetes.protobuf")
+            });
             let body = match http::read_body(req).await {
                 Ok(b) => b,
                 Err(resp) => return resp,
             };
             let review = if protobuf {
-                proto::unwrap_unknown(&body).and_then(|(_, _, raw)| proto::self_subject_access_review(&raw))
+                proto::unwrap_unknown(&body)
+                    .and_then(|(_, _, raw)| proto::self_subject_access_review(&raw))
             } else {
                 serde_json::from_slice(&body).ok()
             };
@@ -339,7 +391,12 @@ async fn route(state: Arc<State>, cert_user: Option<User>, req: Request<Incoming
 }
 
 fn not_found() -> Response<Body> {
-    status_error(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource", Some(json!({})))
+    status_error(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        "the server could not find the requested resource",
+        Some(json!({})),
+    )
 }
 
 fn misc(path: &str) -> Option<Response<Body>> {
@@ -360,11 +417,21 @@ fn misc(path: &str) -> Option<Response<Body>> {
 /// `/_standin/faults` (GET, PUT) and `/_standin/compact` (POST), for system:masters only.
 async fn control(state: &State, user: Option<&User>, req: Request<Incoming>) -> Response<Body> {
     if !user.is_some_and(|u| u.groups.iter().any(|g| g == "system:masters")) {
-        return status_error(StatusCode::FORBIDDEN, "Forbidden", "the stand-in control endpoints need system:masters", None);
+        return status_error(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            "the stand-in control endpoints need system:masters",
+            None,
+        );
     }
     match (req.method().clone(), req.uri().path()) {
-        (Method::GET, "/_standin/faults") => json_response(StatusCode::OK, &json!(state.faults.get())),
-        (Method::PUT, "/_standin/faults") => match http::read_body(req).await.map(|b| serde_json::from_slice::<FaultSettings>(&b)) {
+        (Method::GET, "/_standin/faults") => {
+            json_response(StatusCode::OK, &json!(state.faults.get()))
+        }
+        (Method::PUT, "/_standin/faults") => match http::read_body(req)
+            .await
+            .map(|b| serde_json::from_slice::<FaultSettings>(&b))
+        {
             Ok(Ok(f)) => {
                 state.faults.set(f);
                 json_response(StatusCode::OK, &json!(state.faults.get()))
@@ -374,7 +441,10 @@ async fn control(state: &State, user: Option<&User>, req: Request<Incoming>) -> 
         },
         (Method::POST, "/_standin/compact") => {
             state.store.compact();
-            json_response(StatusCode::OK, &json!({"compactedTo": state.store.current_rv()}))
+            json_response(
+                StatusCode::OK,
+                &json!({"compactedTo": state.store.current_rv()}),
+            )
         }
         _ => not_found(),
     }

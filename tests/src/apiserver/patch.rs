@@ -114,7 +114,9 @@ fn add(doc: &mut Value, path: &str, value: Value) -> Result<(), String> {
 fn remove(doc: &mut Value, path: &str) -> Result<Value, String> {
     let (parent, last) = parent_and_last(doc, path)?;
     match parent {
-        Value::Object(m) => m.remove(&last).ok_or_else(|| format!("path {path:?} does not exist")),
+        Value::Object(m) => m
+            .remove(&last)
+            .ok_or_else(|| format!("path {path:?} does not exist")),
         Value::Array(a) => {
             let i: usize = last.parse().map_err(|_| format!("bad index {last:?}"))?;
             if i >= a.len() {
@@ -127,7 +129,9 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, String> {
 }
 
 pub fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), String> {
-    let ops = ops.as_array().ok_or("a JSON patch must be an array of operations")?;
+    let ops = ops
+        .as_array()
+        .ok_or("a JSON patch must be an array of operations")?;
     for op in ops {
         let path = op["path"].as_str().ok_or("operation without a path")?;
         match op["op"].as_str() {
@@ -149,7 +153,10 @@ pub fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), String> {
             }
             Some("copy") => {
                 let from = op["from"].as_str().ok_or("copy without from")?;
-                let v = doc.pointer(from).cloned().ok_or("copy from a missing path")?;
+                let v = doc
+                    .pointer(from)
+                    .cloned()
+                    .ok_or("copy from a missing path")?;
                 add(doc, path, v)?;
             }
             other => return Err(format!("unknown JSON patch operation {other:?}")),
@@ -173,20 +180,36 @@ mod tests {
         assert_eq!(m["metadata"]["labels"], json!({"k": "v", "new": "2"}));
         let mut s = base.clone();
         strategic_merge_patch(&mut s, &patch);
-        assert_eq!(s["spec"]["containers"], json!([{"name": "a", "image": "x"}, {"name": "b", "image": "z"}]));
+        assert_eq!(
+            s["spec"]["containers"],
+            json!([{"name": "a", "image": "x"}, {"name": "b", "image": "z"}])
+        );
     }
 
     #[test]
     fn json_patch_ops() {
         let mut d = json!({"metadata": {"labels": {"a": "1"}}, "list": [1, 2]});
-        json_patch(&mut d, &json!([
-            {"op": "add", "path": "/metadata/labels/b", "value": "2"},
-            {"op": "replace", "path": "/metadata/labels/a", "value": "x"},
-            {"op": "add", "path": "/list/-", "value": 3},
-            {"op": "remove", "path": "/list/0"},
-            {"op": "test", "path": "/list/0", "value": 2}
-        ])).unwrap();
-        assert_eq!(d, json!({"metadata": {"labels": {"a": "x", "b": "2"}}, "list": [2, 3]}));
-        assert!(json_patch(&mut d, &json!([{"op": "test", "path": "/list/0", "value": 9}])).is_err());
+        json_patch(
+            &mut d,
+            &json!([
+                {"op": "add", "path": "/metadata/labels/b", "value": "2"},
+                {"op": "replace", "path": "/metadata/labels/a", "value": "x"},
+                {"op": "add", "path": "/list/-", "value": 3},
+                {"op": "remove", "path": "/list/0"},
+                {"op": "test", "path": "/list/0", "value": 2}
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            d,
+            json!({"metadata": {"labels": {"a": "x", "b": "2"}}, "list": [2, 3]})
+        );
+        assert!(
+            json_patch(
+                &mut d,
+                &json!([{"op": "test", "path": "/list/0", "value": 9}])
+            )
+            .is_err()
+        );
     }
 }

@@ -63,7 +63,15 @@ pub fn self_subject_access_review(raw: &[u8]) -> Option<Value> {
     let spec = fields(&review.iter().find(|(n, _)| *n == 2)?.1)?;
     let mut out = json!({"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1", "metadata": {}, "spec": {}});
     if let Some((_, attrs)) = spec.iter().find(|(n, _)| *n == 1) {
-        let names = ["namespace", "verb", "group", "version", "resource", "subresource", "name"];
+        let names = [
+            "namespace",
+            "verb",
+            "group",
+            "version",
+            "resource",
+            "subresource",
+            "name",
+        ];
         let mut a = serde_json::Map::new();
         for (n, v) in fields(attrs)? {
             if let Some(name) = names.get((n as usize).wrapping_sub(1)) {
@@ -90,10 +98,17 @@ mod tests {
         let attrs = [ld(1, b"default"), ld(2, b"list"), ld(5, b"pods")].concat();
         let spec = ld(1, &attrs);
         let review = ld(2, &spec);
-        let type_meta = [ld(1, b"authorization.k8s.io/v1"), ld(2, b"SelfSubjectAccessReview")].concat();
+        let type_meta = [
+            ld(1, b"authorization.k8s.io/v1"),
+            ld(2, b"SelfSubjectAccessReview"),
+        ]
+        .concat();
         let body = [MAGIC.to_vec(), ld(1, &type_meta), ld(2, &review)].concat();
         let (api, kind, raw) = unwrap_unknown(&body).unwrap();
-        assert_eq!((api.as_str(), kind.as_str()), ("authorization.k8s.io/v1", "SelfSubjectAccessReview"));
+        assert_eq!(
+            (api.as_str(), kind.as_str()),
+            ("authorization.k8s.io/v1", "SelfSubjectAccessReview")
+        );
         let json = self_subject_access_review(&raw).unwrap();
         assert_eq!(json["spec"]["resourceAttributes"]["verb"], "list");
         assert_eq!(json["spec"]["resourceAttributes"]["resource"], "pods");

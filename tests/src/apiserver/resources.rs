@@ -38,6 +38,7 @@ impl Resource {
     }
 }
 
+#[allow(clippy::too_many_arguments)] // one row of the table below
 const fn r(
     group: &'static str,
     version: &'static str,
@@ -72,17 +73,98 @@ const fn r(
 
 /// Every served resource. The CRD-like `widgets` kind exercises unstructured paths.
 pub static RESOURCES: &[Resource] = &[
-    r("", "v1", "namespaces", "namespace", "Namespace", false, &["ns"], &["status"]),
-    r("", "v1", "nodes", "node", "Node", false, &["no"], &["status"]),
-    r("", "v1", "pods", "pod", "Pod", true, &["po"], &["status", "log", "exec", "attach", "binding"]),
-    r("", "v1", "services", "service", "Service", true, &["svc"], &["status"]),
-    r("", "v1", "endpoints", "endpoints", "Endpoints", true, &["ep"], &[]),
-    r("", "v1", "configmaps", "configmap", "ConfigMap", true, &["cm"], &[]),
+    r(
+        "",
+        "v1",
+        "namespaces",
+        "namespace",
+        "Namespace",
+        false,
+        &["ns"],
+        &["status"],
+    ),
+    r(
+        "",
+        "v1",
+        "nodes",
+        "node",
+        "Node",
+        false,
+        &["no"],
+        &["status"],
+    ),
+    r(
+        "",
+        "v1",
+        "pods",
+        "pod",
+        "Pod",
+        true,
+        &["po"],
+        &["status", "log", "exec", "attach", "binding"],
+    ),
+    r(
+        "",
+        "v1",
+        "services",
+        "service",
+        "Service",
+        true,
+        &["svc"],
+        &["status"],
+    ),
+    r(
+        "",
+        "v1",
+        "endpoints",
+        "endpoints",
+        "Endpoints",
+        true,
+        &["ep"],
+        &[],
+    ),
+    r(
+        "",
+        "v1",
+        "configmaps",
+        "configmap",
+        "ConfigMap",
+        true,
+        &["cm"],
+        &[],
+    ),
     r("", "v1", "secrets", "secret", "Secret", true, &[], &[]),
-    r("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount", true, &["sa"], &[]),
+    r(
+        "",
+        "v1",
+        "serviceaccounts",
+        "serviceaccount",
+        "ServiceAccount",
+        true,
+        &["sa"],
+        &[],
+    ),
     r("", "v1", "events", "event", "Event", true, &["ev"], &[]),
-    r("coordination.k8s.io", "v1", "leases", "lease", "Lease", true, &[], &[]),
-    r("discovery.k8s.io", "v1", "endpointslices", "endpointslice", "EndpointSlice", true, &[], &[]),
+    r(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        "lease",
+        "Lease",
+        true,
+        &[],
+        &[],
+    ),
+    r(
+        "discovery.k8s.io",
+        "v1",
+        "endpointslices",
+        "endpointslice",
+        "EndpointSlice",
+        true,
+        &[],
+        &[],
+    ),
     r(
         "certificates.k8s.io",
         "v1",
@@ -93,7 +175,16 @@ pub static RESOURCES: &[Resource] = &[
         &["csr"],
         &["status", "approval"],
     ),
-    r("example.hub.dev", "v1", "widgets", "widget", "Widget", true, &["wd"], &[]),
+    r(
+        "example.hub.dev",
+        "v1",
+        "widgets",
+        "widget",
+        "Widget",
+        true,
+        &["wd"],
+        &[],
+    ),
 ];
 
 /// Groups in discovery order (the core group is served at /api, not /apis).
@@ -116,7 +207,10 @@ pub fn find(group: &str, version: &str, name: &str) -> Option<ResourceId> {
 }
 
 pub fn by_kind(kind: &str) -> Option<ResourceId> {
-    RESOURCES.iter().position(|r| r.kind == kind).map(ResourceId)
+    RESOURCES
+        .iter()
+        .position(|r| r.kind == kind)
+        .map(ResourceId)
 }
 
 pub fn get(id: ResourceId) -> &'static Resource {

@@ -32,50 +32,112 @@ fn put(store: &Store, resource: &str, group: &str, ns: &str, mut obj: Value) {
 /// default, kube-system, kube-public, kube-node-lease.
 pub fn base(store: &Store) {
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
-        put(store, "namespaces", "", "", json!({"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}));
+        put(
+            store,
+            "namespaces",
+            "",
+            "",
+            json!({"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}),
+        );
     }
 }
 
 pub fn namespace(store: &Store, name: &str) {
-    put(store, "namespaces", "", "", json!({"metadata": {"name": name}, "status": {"phase": "Active"}}));
+    put(
+        store,
+        "namespaces",
+        "",
+        "",
+        json!({"metadata": {"name": name}, "status": {"phase": "Active"}}),
+    );
 }
 
 pub fn node(store: &Store, name: &str) {
-    put(store, "nodes", "", "", json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
-        "spec": {},
-        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
-                   "nodeInfo": {"kubeletVersion": "v1.32.0"}}
-    }));
+    put(
+        store,
+        "nodes",
+        "",
+        "",
+        json!({
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
+            "spec": {},
+            "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+                       "nodeInfo": {"kubeletVersion": "v1.32.0"}}
+        }),
+    );
 }
 
 pub fn pod(store: &Store, ns: &str, name: &str, node: &str, app: &str) {
-    put(store, "pods", "", ns, json!({
-        "metadata": {"name": name, "labels": {"app": app}},
-        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.local/app:1", "resources": {}}]},
-        "status": {"phase": "Running", "podIP": "", "containerStatuses": [{"name": "main", "ready": true, "restartCount": 0}]}
-    }));
+    put(
+        store,
+        "pods",
+        "",
+        ns,
+        json!({
+            "metadata": {"name": name, "labels": {"app": app}},
+            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.local/app:1", "resources": {}}]},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}],
+                "startTime": time::now_rfc3339(),
+                "containerStatuses": [{
+                    "name": "main", "image": "registry.local/app:1", "imageID": "registry.local/app@sha256:0", "ready": true,
+                    "started": true, "restartCount": 0, "state": {"running": {"startedAt": time::now_rfc3339()}}
+                }]
+            }
+        }),
+    );
 }
 
 /// A service, its Endpoints and one EndpointSlice.
 pub fn service(store: &Store, ns: &str, name: &str, port: u16) {
-    put(store, "services", "", ns, json!({
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {"type": "ClusterIP", "selector": {"app": name}, "ports": [{"name": "http", "port": port, "protocol": "TCP"}]}
-    }));
-    put(store, "endpoints", "", ns, json!({"metadata": {"name": name}, "subsets": []}));
-    put(store, "endpointslices", "discovery.k8s.io", ns, json!({
-        "metadata": {"name": format!("{name}-abc12"), "labels": {"kubernetes.io/service-name": name}},
-        "addressType": "IPv4", "endpoints": [], "ports": [{"name": "http", "port": port, "protocol": "TCP"}]
-    }));
+    put(
+        store,
+        "services",
+        "",
+        ns,
+        json!({
+            "metadata": {"name": name, "labels": {"app": name}},
+            "spec": {"type": "ClusterIP", "selector": {"app": name}, "ports": [{"name": "http", "port": port, "protocol": "TCP"}]}
+        }),
+    );
+    put(
+        store,
+        "endpoints",
+        "",
+        ns,
+        json!({"metadata": {"name": name}, "subsets": []}),
+    );
+    put(
+        store,
+        "endpointslices",
+        "discovery.k8s.io",
+        ns,
+        json!({
+            "metadata": {"name": format!("{name}-abc12"), "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4", "endpoints": [], "ports": [{"name": "http", "port": port, "protocol": "TCP"}]
+        }),
+    );
 }
 
 pub fn configmap(store: &Store, ns: &str, name: &str, data: Value) {
-    put(store, "configmaps", "", ns, json!({"metadata": {"name": name}, "data": data}));
+    put(
+        store,
+        "configmaps",
+        "",
+        ns,
+        json!({"metadata": {"name": name}, "data": data}),
+    );
 }
 
 pub fn secret(store: &Store, ns: &str, name: &str, data_b64: Value) {
-    put(store, "secrets", "", ns, json!({"metadata": {"name": name}, "type": "Opaque", "data": data_b64}));
+    put(
+        store,
+        "secrets",
+        "",
+        ns,
+        json!({"metadata": {"name": name}, "type": "Opaque", "data": data_b64}),
+    );
 }
 
 /// `nodes` nodes named node-0.., each running `pods_per_node` pods in `default`.
@@ -84,7 +146,13 @@ pub fn cluster(store: &Store, nodes: usize, pods_per_node: usize) {
         let node_name = format!("node-{n}");
         node(store, &node_name);
         for p in 0..pods_per_node {
-            pod(store, "default", &format!("pod-{n}-{p}"), &node_name, &format!("app-{}", p % 10));
+            pod(
+                store,
+                "default",
+                &format!("pod-{n}-{p}"),
+                &node_name,
+                &format!("app-{}", p % 10),
+            );
         }
     }
 }

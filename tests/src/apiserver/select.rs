@@ -30,7 +30,10 @@ fn split_top(s: &str) -> Vec<&str> {
         }
     }
     out.push(&s[start..]);
-    out.into_iter().map(str::trim).filter(|p| !p.is_empty()).collect()
+    out.into_iter()
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect()
 }
 
 fn valid_key(k: &str) -> bool {
@@ -77,7 +80,9 @@ impl LabelSelector {
                 Req::In(k, _) | Req::NotIn(k, _) => k,
             };
             if !valid_key(key) {
-                return Err(format!("unable to parse requirement: invalid label key {key:?}"));
+                return Err(format!(
+                    "unable to parse requirement: invalid label key {key:?}"
+                ));
             }
             reqs.push(req);
         }
@@ -141,7 +146,9 @@ impl FieldSelector {
             } else if let Some((f, v)) = part.split_once('=') {
                 (f, true, v)
             } else {
-                return Err(format!("invalid selector: '{part}'; can't understand '{part}'"));
+                return Err(format!(
+                    "invalid selector: '{part}'; can't understand '{part}'"
+                ));
             };
             let field = field.trim();
             if !supported(kind, field) {
@@ -178,8 +185,24 @@ mod tests {
     #[test]
     fn label_selector_operators() {
         let pod = json!({"metadata": {"labels": {"app": "web", "tier": "front"}}});
-        let yes = ["app=web", "app==web", "app!=db", "app in (web,db)", "tier notin (back)", "app", "!missing", "app=web,tier in (front)"];
-        let no = ["app=db", "app in (db)", "tier notin (front)", "missing", "!app", "app=web,tier=back"];
+        let yes = [
+            "app=web",
+            "app==web",
+            "app!=db",
+            "app in (web,db)",
+            "tier notin (back)",
+            "app",
+            "!missing",
+            "app=web,tier in (front)",
+        ];
+        let no = [
+            "app=db",
+            "app in (db)",
+            "tier notin (front)",
+            "missing",
+            "!app",
+            "app=web,tier=back",
+        ];
         for s in yes {
             assert!(LabelSelector::parse(s).unwrap().matches(&pod), "{s}");
         }
@@ -192,9 +215,21 @@ mod tests {
     #[test]
     fn field_selector_fields() {
         let pod = json!({"metadata": {"name": "p", "namespace": "n"}, "spec": {"nodeName": "edge-1"}, "status": {"phase": "Running"}});
-        assert!(FieldSelector::parse("spec.nodeName=edge-1", "Pod").unwrap().matches(&pod));
-        assert!(FieldSelector::parse("status.phase!=Pending,metadata.name=p", "Pod").unwrap().matches(&pod));
-        assert!(!FieldSelector::parse("spec.nodeName=edge-2", "Pod").unwrap().matches(&pod));
+        assert!(
+            FieldSelector::parse("spec.nodeName=edge-1", "Pod")
+                .unwrap()
+                .matches(&pod)
+        );
+        assert!(
+            FieldSelector::parse("status.phase!=Pending,metadata.name=p", "Pod")
+                .unwrap()
+                .matches(&pod)
+        );
+        assert!(
+            !FieldSelector::parse("spec.nodeName=edge-2", "Pod")
+                .unwrap()
+                .matches(&pod)
+        );
         assert!(FieldSelector::parse("spec.nodeName=x", "ConfigMap").is_err());
     }
 }

@@ -56,7 +56,10 @@ pub enum StoreError {
     AlreadyExists,
     Conflict,
     /// The requested resourceVersion is older than the retained history.
-    Gone { requested: u64, oldest: u64 },
+    Gone {
+        requested: u64,
+        oldest: u64,
+    },
 }
 
 struct Version {
@@ -144,7 +147,15 @@ impl Store {
         let rv = inner.rv + 1;
         set_rv(&mut object, rv);
         let object = Arc::new(object);
-        Ok(inner.commit(&self.tx, key, Some(object.clone()), EventType::Added, None, rv, object))
+        Ok(inner.commit(
+            &self.tx,
+            key,
+            Some(object.clone()),
+            EventType::Added,
+            None,
+            rv,
+            object,
+        ))
     }
 
     /// Replaces an object. `expected_rv` (from the client's metadata) must match if given.
@@ -186,7 +197,15 @@ impl Store {
         let mut last = (*current).clone();
         set_rv(&mut last, rv);
         let last = Arc::new(last);
-        Ok(inner.commit(&self.tx, key, None, EventType::Deleted, Some(current), rv, last))
+        Ok(inner.commit(
+            &self.tx,
+            key,
+            None,
+            EventType::Deleted,
+            Some(current),
+            rv,
+            last,
+        ))
     }
 
     /// Items of `resource` (in `namespace`, or all), as of `at_rv` (None = now), after
@@ -294,7 +313,10 @@ impl Inner {
         object: Arc<Value>,
     ) -> Arc<Value> {
         self.rv = rv;
-        self.keys.entry(key.clone()).or_default().push(Version { rv, object: stored });
+        self.keys
+            .entry(key.clone())
+            .or_default()
+            .push(Version { rv, object: stored });
         let event = Arc::new(Event {
             rv,
             kind,
@@ -363,7 +385,9 @@ mod tests {
         let b = s.update(key("a"), Some(rv), |c| c.clone()).unwrap();
         assert_eq!(rv_of(&b), rv + 1);
         // A list at the old rv still sees the old version.
-        let page = s.list(ResourceId(2), None, Some(rv), None, 0, |_| true).unwrap();
+        let page = s
+            .list(ResourceId(2), None, Some(rv), None, 0, |_| true)
+            .unwrap();
         assert_eq!(rv_of(&page.items[0]), rv);
     }
 
@@ -374,11 +398,20 @@ mod tests {
         for n in ["b", "c", "d", "e"] {
             s.create(key(n), obj(n)).unwrap();
         }
-        assert!(matches!(s.events_since(first), Err(StoreError::Gone { .. })));
+        assert!(matches!(
+            s.events_since(first),
+            Err(StoreError::Gone { .. })
+        ));
         assert_eq!(s.events_since(s.current_rv() - 2).unwrap().len(), 2);
         s.delete(key("a"), None).unwrap();
         s.compact();
-        assert_eq!(s.list(ResourceId(2), None, None, None, 0, |_| true).unwrap().items.len(), 4);
+        assert_eq!(
+            s.list(ResourceId(2), None, None, None, 0, |_| true)
+                .unwrap()
+                .items
+                .len(),
+            4
+        );
     }
 
     #[test]
@@ -388,11 +421,23 @@ mod tests {
             let n = format!("p{i}");
             s.create(key(&n), obj(&n)).unwrap();
         }
-        let p1 = s.list(ResourceId(2), Some("default"), None, None, 2, |_| true).unwrap();
+        let p1 = s
+            .list(ResourceId(2), Some("default"), None, None, 2, |_| true)
+            .unwrap();
         assert_eq!((p1.items.len(), p1.remaining), (2, 3));
         let p2 = s
-            .list(ResourceId(2), Some("default"), Some(p1.rv), p1.last.as_ref(), 10, |_| true)
+            .list(
+                ResourceId(2),
+                Some("default"),
+                Some(p1.rv),
+                p1.last.as_ref(),
+                10,
+                |_| true,
+            )
             .unwrap();
-        assert_eq!((p2.items.len(), p2.remaining, p2.last.is_none()), (3, 0, true));
+        assert_eq!(
+            (p2.items.len(), p2.remaining, p2.last.is_none()),
+            (3, 0, true)
+        );
     }
 }

@@ -31,7 +31,12 @@ fn pod(state: &State, t: &Target) -> Result<std::sync::Arc<Value>, Response<Body
             name: name.clone(),
         })
         .ok_or_else(|| {
-            status_error(StatusCode::NOT_FOUND, "NotFound", &format!("pods \"{name}\" not found"), None)
+            status_error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("pods \"{name}\" not found"),
+                None,
+            )
         })
 }
 
@@ -39,7 +44,11 @@ fn pod(state: &State, t: &Target) -> Result<std::sync::Arc<Value>, Response<Body
 fn container(pod: &Value, q: &HashMap<String, String>) -> Result<String, Response<Body>> {
     let names: Vec<String> = pod["spec"]["containers"]
         .as_array()
-        .map(|c| c.iter().filter_map(|c| c["name"].as_str().map(String::from)).collect())
+        .map(|c| {
+            c.iter()
+                .filter_map(|c| c["name"].as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default();
     match q.get("container") {
         Some(c) if names.contains(c) => Ok(c.clone()),
@@ -67,15 +76,21 @@ pub async fn logs(state: &State, t: &Target, q: &HashMap<String, String>) -> Res
         Ok(c) => c,
         Err(e) => return e,
     };
-    let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
-    let mut lines: Vec<String> = match pod["metadata"]["annotations"]["standin.hub.dev/log"].as_str() {
-        Some(text) => text.lines().map(String::from).collect(),
-        None => (1..=3).map(|i| format!("{name}/{container} line {i}")).collect(),
-    };
+    let name = pod["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let mut lines: Vec<String> =
+        match pod["metadata"]["annotations"]["standin.hub.dev/log"].as_str() {
+            Some(text) => text.lines().map(String::from).collect(),
+            None => (1..=3)
+                .map(|i| format!("{name}/{container} line {i}"))
+                .collect(),
+        };
     if let Some(n) = q.get("tailLines").and_then(|n| n.parse::<usize>().ok()) {
         lines = lines.split_off(lines.len().saturating_sub(n));
     }
-    let follow = q.get("follow").is_some_and(|f| f == "true");
+    let follow = super::http::flag(q, "follow");
     let text_response = |body: Body| {
         Response::builder()
             .status(StatusCode::OK)
@@ -101,7 +116,11 @@ pub async fn logs(state: &State, t: &Target, q: &HashMap<String, String>) -> Res
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                 _ = tx.closed() => return,
             }
-            if tx.send(Bytes::from(format!("{name}/{container} follow {i}\n"))).await.is_err() {
+            if tx
+                .send(Bytes::from(format!("{name}/{container} follow {i}\n")))
+                .await
+                .is_err()
+            {
                 return;
             }
         }
@@ -147,14 +166,19 @@ pub async fn exec(req: Request<Incoming>, t: &Target) -> Response<Body> {
         .iter()
         .find(|p| offered.split(',').any(|o| o.trim() == **p))
     else {
-        return bad_request("no supported websocket subprotocol (want v5.channel.k8s.io or v4.channel.k8s.io)");
+        return bad_request(
+            "no supported websocket subprotocol (want v5.channel.k8s.io or v4.channel.k8s.io)",
+        );
     };
-    let Some(key) = headers.get(header::SEC_WEBSOCKET_KEY).and_then(|v| v.to_str().ok()) else {
+    let Some(key) = headers
+        .get(header::SEC_WEBSOCKET_KEY)
+        .and_then(|v| v.to_str().ok())
+    else {
         return bad_request("missing Sec-WebSocket-Key");
     };
     let accept = accept_key(key);
     let q = super::http::query(req.uri());
-    let stdin = q.get("stdin").is_some_and(|v| v == "true" || v == "1");
+    let stdin = super::http::flag(&q, "stdin");
     let command = super::http::query_values(req.uri(), "command");
     let v5 = *protocol == "v5.channel.k8s.io";
     tokio::spawn(async move {
@@ -173,7 +197,11 @@ pub async fn exec(req: Request<Incoming>, t: &Target) -> Response<Body> {
         .expect("response")
 }
 
-async fn write_frame<W: AsyncWriteExt + Unpin>(w: &mut W, opcode: u8, payload: &[u8]) -> std::io::Result<()> {
+async fn write_frame<W: AsyncWriteExt + Unpin>(
+    w: &mut W,
+    opcode: u8,
+    payload: &[u8],
+) -> std::io::Result<()> {
     let mut head = vec![0x80 | opcode];
     match payload.len() {
         n if n < 126 => head.push(n as u8),
@@ -208,7 +236,10 @@ async fn read_frame<R: AsyncReadExt + Unpin>(r: &mut R) -> std::io::Result<(u8, 
         len = u64::from_be_bytes(b);
     }
     if len > 1 << 20 {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "frame too large"));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "frame too large",
+        ));
     }
     let mut mask = [0u8; 4];
     if masked {
@@ -245,9 +276,11 @@ async fn echo_session<S: AsyncReadExt + AsyncWriteExt + Unpin>(
         let started = tokio::time::Instant::now();
         loop {
             let frame = tokio::time::timeout(Duration::from_secs(60), read_frame(&mut io)).await;
-            let Ok(Ok((opcode, payload))) = frame else { break };
+            let Ok(Ok((opcode, payload))) = frame else {
+                break;
+            };
             match opcode {
-                8 => break,                                  // close
+                8 => break,                                     // close
                 9 => write_frame(&mut io, 10, &payload).await?, // ping -> pong
                 1 | 2 if !payload.is_empty() => match payload[0] {
                     STDIN if payload.len() > 1 => {

@@ -28,7 +28,11 @@ fn columns(kind: &str) -> Vec<(&'static str, &'static str, u8)> {
             ("IP", "string", 1),
             ("Node", "string", 1),
         ],
-        "Node" => vec![("Name", "string", 0), ("Status", "string", 0), ("Age", "string", 0)],
+        "Node" => vec![
+            ("Name", "string", 0),
+            ("Status", "string", 0),
+            ("Age", "string", 0),
+        ],
         "Service" => vec![
             ("Name", "string", 0),
             ("Type", "string", 0),
@@ -46,10 +50,16 @@ fn cells(kind: &str, obj: &Value) -> Vec<Value> {
     let s = |v: &Value| Value::String(v.as_str().unwrap_or("<none>").to_string());
     match kind {
         "Pod" => {
-            let statuses = obj["status"]["containerStatuses"].as_array().cloned().unwrap_or_default();
+            let statuses = obj["status"]["containerStatuses"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
             let total = obj["spec"]["containers"].as_array().map_or(0, Vec::len);
             let ready = statuses.iter().filter(|c| c["ready"] == true).count();
-            let restarts: u64 = statuses.iter().filter_map(|c| c["restartCount"].as_u64()).sum();
+            let restarts: u64 = statuses
+                .iter()
+                .filter_map(|c| c["restartCount"].as_u64())
+                .sum();
             vec![
                 name,
                 json!(format!("{ready}/{total}")),
@@ -64,10 +74,21 @@ fn cells(kind: &str, obj: &Value) -> Vec<Value> {
             let ready = obj["status"]["conditions"]
                 .as_array()
                 .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
-                .map_or("Unknown", |c| if c["status"] == "True" { "Ready" } else { "NotReady" });
+                .map_or("Unknown", |c| {
+                    if c["status"] == "True" {
+                        "Ready"
+                    } else {
+                        "NotReady"
+                    }
+                });
             vec![name, json!(ready), age]
         }
-        "Service" => vec![name, s(&obj["spec"]["type"]), s(&obj["spec"]["clusterIP"]), age],
+        "Service" => vec![
+            name,
+            s(&obj["spec"]["type"]),
+            s(&obj["spec"]["clusterIP"]),
+            age,
+        ],
         _ => vec![name, age],
     }
 }

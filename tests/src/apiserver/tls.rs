@@ -28,7 +28,11 @@ pub struct Identity {
 
 impl Identity {
     /// Writes `<stem>.crt` and `<stem>.key` (owner-only) into `dir`.
-    pub fn write(&self, dir: &Path, stem: &str) -> std::io::Result<(std::path::PathBuf, std::path::PathBuf)> {
+    pub fn write(
+        &self,
+        dir: &Path,
+        stem: &str,
+    ) -> std::io::Result<(std::path::PathBuf, std::path::PathBuf)> {
         use std::os::unix::fs::PermissionsExt;
         let crt = dir.join(format!("{stem}.crt"));
         let key = dir.join(format!("{stem}.key"));
@@ -82,7 +86,9 @@ impl TestCa {
     /// A serving certificate for DNS names and IP addresses.
     pub fn server(&self, sans: &[&str]) -> Identity {
         let mut params = CertificateParams::default();
-        params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "kube-apiserver");
         params.subject_alt_names = sans
             .iter()
             .map(|s| match s.parse::<std::net::IpAddr>() {
@@ -94,13 +100,13 @@ impl TestCa {
         self.issue(params)
     }
 
-    /// A client certificate: CN is the user, each O a group.
-    pub fn client(&self, user: &str, groups: &[&str]) -> Identity {
+    /// A client certificate: CN is the user, O the group (rcgen writes one O at most).
+    pub fn client(&self, user: &str, group: Option<&str>) -> Identity {
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         params.distinguished_name.push(DnType::CommonName, user);
-        for g in groups {
-            params.distinguished_name.push(DnType::OrganizationName, *g);
+        if let Some(g) = group {
+            params.distinguished_name.push(DnType::OrganizationName, g);
         }
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         self.issue(params)
@@ -111,10 +117,11 @@ impl TestCa {
     pub fn server_config(&self, serving: &Identity) -> Arc<ServerConfig> {
         let mut roots = RootCertStore::empty();
         roots.add(self.cert_der()).expect("CA into roots");
-        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), rustls_provider())
-            .allow_unauthenticated()
-            .build()
-            .expect("client verifier");
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), rustls_provider())
+                .allow_unauthenticated()
+                .build()
+                .expect("client verifier");
         let mut config = ServerConfig::builder_with_provider(rustls_provider())
             .with_safe_default_protocol_versions()
             .expect("protocol versions")
@@ -186,9 +193,9 @@ mod tests {
     #[test]
     fn client_certificate_subject_is_read_back() {
         let ca = TestCa::new("t");
-        let id = ca.client("system:node:edge-1", &["system:nodes", "extra"]);
+        let id = ca.client("system:node:edge-1", Some("system:nodes"));
         let (cn, orgs) = subject_cn_and_orgs(&id.cert_der).unwrap();
         assert_eq!(cn, "system:node:edge-1");
-        assert_eq!(orgs, vec!["system:nodes", "extra"]);
+        assert_eq!(orgs, vec!["system:nodes"]);
     }
 }

@@ -11,7 +11,7 @@ use tokio::sync::{broadcast::error::RecvError, mpsc};
 
 use super::{
     State,
-    http::{Body, Format, Target, bad_request, selectors},
+    http::{Body, Format, Target, bad_request, flag, selectors},
     resources,
     store::{Event, EventType, StoreError},
     table,
@@ -40,16 +40,23 @@ fn line(kind: &str, object: &Value) -> Bytes {
     Bytes::from(v)
 }
 
-pub async fn watch(state: Arc<State>, t: Target, q: HashMap<String, String>, format: Format) -> Response<Body> {
+pub async fn watch(
+    state: Arc<State>,
+    t: Target,
+    q: HashMap<String, String>,
+    format: Format,
+) -> Response<Body> {
     let r = resources::get(t.resource);
     let (labels, fields) = match selectors(r, &q) {
         Ok(s) => s,
         Err(e) => return e,
     };
-    let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
-    let initial_events = q.get("sendInitialEvents").is_some_and(|v| v == "true");
+    let bookmarks = flag(&q, "allowWatchBookmarks");
+    let initial_events = flag(&q, "sendInitialEvents");
     if initial_events && q.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan") {
-        return bad_request("sendInitialEvents is forbidden for watch unless resourceVersionMatch is set to NotOlderThan");
+        return bad_request(
+            "sendInitialEvents is forbidden for watch unless resourceVersionMatch is set to NotOlderThan",
+        );
     }
     let timeout = q
         .get("timeoutSeconds")
@@ -61,11 +68,20 @@ pub async fn watch(state: Arc<State>, t: Target, q: HashMap<String, String>, for
     // Subscribe before reading history so nothing falls between the two.
     let mut live = state.store.subscribe();
     let matches = |o: &Value| labels.matches(o) && fields.matches(o);
-    let in_scope = |e: &Event| e.key.resource == t.resource && t.namespace.as_ref().is_none_or(|ns| *ns == e.key.namespace);
+    let in_scope = |e: &Event| {
+        e.key.resource == t.resource && t.namespace.as_ref().is_none_or(|ns| *ns == e.key.namespace)
+    };
 
     let encode = move |kind: &str, obj: &Value| -> Bytes {
         if format == Format::Table && kind != "ERROR" && kind != "BOOKMARK" {
-            line(kind, &table::table(r, &[obj], json!({"resourceVersion": obj["metadata"]["resourceVersion"]})))
+            line(
+                kind,
+                &table::table(
+                    r,
+                    &[obj],
+                    json!({"resourceVersion": obj["metadata"]["resourceVersion"]}),
+                ),
+            )
         } else {
             line(kind, obj)
         }
@@ -75,10 +91,14 @@ pub async fn watch(state: Arc<State>, t: Target, q: HashMap<String, String>, for
     let mut last_sent: u64;
     let synthetic = initial_events || rv_param.is_empty() || rv_param == "0";
     if synthetic {
-        let page = match state.store.list(t.resource, t.namespace.as_deref(), None, None, 0, &matches) {
-            Ok(p) => p,
-            Err(_) => return bad_request("list failed"),
-        };
+        let page =
+            match state
+                .store
+                .list(t.resource, t.namespace.as_deref(), None, None, 0, &matches)
+            {
+                Ok(p) => p,
+                Err(_) => return bad_request("list failed"),
+            };
         for obj in &page.items {
             first.push(encode("ADDED", obj));
         }
@@ -104,8 +124,10 @@ pub async fn watch(state: Arc<State>, t: Target, q: HashMap<String, String>, for
             Err(StoreError::Gone { requested, oldest }) => {
                 let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                     "message": format!("too old resource version: {requested} ({oldest})"), "reason": "Expired", "code": 410});
-                let body = http_body_util::BodyExt::boxed(http_body_util::Full::new(line("ERROR", &status)));
-                return watch_response(body);
+                // Streamed like any watch (200, chunked), then closed, as kube-apiserver does.
+                let (tx, rx) = mpsc::channel(1);
+                let _ = tx.try_send(line("ERROR", &status));
+                return watch_response(http_body_util::BodyExt::boxed(ChannelBody(rx)));
             }
             Err(_) => return bad_request("watch failed"),
         }
@@ -119,7 +141,13 @@ pub async fn watch(state: Arc<State>, t: Target, q: HashMap<String, String>, for
     let t2 = t.clone();
     tokio::spawn(async move {
         let matches = |o: &Value| labels2.matches(o) && fields2.matches(o);
-        let in_scope = |e: &Event| e.key.resource == t2.resource && t2.namespace.as_ref().is_none_or(|ns| *ns == e.key.namespace);
+        let in_scope = |e: &Event| {
+            e.key.resource == t2.resource
+                && t2
+                    .namespace
+                    .as_ref()
+                    .is_none_or(|ns| *ns == e.key.namespace)
+        };
         for chunk in first {
             if tx.send(chunk).await.is_err() {
                 return;
@@ -176,13 +204,15 @@ fn watch_response(body: Body) -> Response<Body> {
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/json")
-        .header(header::TRANSFER_ENCODING, "chunked")
         .body(body)
         .expect("response")
 }
 
 /// How an event looks through a selector: entering it is ADDED, leaving it DELETED.
-fn visible<'a>(e: &'a Event, matches: &impl Fn(&Value) -> bool) -> Option<(&'static str, &'a Value)> {
+fn visible<'a>(
+    e: &'a Event,
+    matches: &impl Fn(&Value) -> bool,
+) -> Option<(&'static str, &'a Value)> {
     let now = matches(&e.object);
     let before = e.previous.as_deref().is_some_and(matches);
     match e.kind {

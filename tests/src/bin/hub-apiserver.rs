@@ -10,7 +10,9 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use hub_tests::apiserver::{Options, StandIn, seed};
 
 fn arg<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
-    args.windows(2).find(|w| w[0] == flag).map(|w| w[1].as_str())
+    args.windows(2)
+        .find(|w| w[0] == flag)
+        .map(|w| w[1].as_str())
 }
 
 fn num(args: &[String], flag: &str, default: usize) -> usize {
@@ -25,13 +27,18 @@ fn num(args: &[String], flag: &str, default: usize) -> usize {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("usage: hub-apiserver --listen ADDR --dir DIR [--nodes N] [--pods-per-node M] [--services K] [--history EVENTS] [--bookmark-ms MS] [--san NAME]...");
+        println!(
+            "usage: hub-apiserver --listen ADDR --dir DIR [--nodes N] [--pods-per-node M] [--services K] [--history EVENTS] [--bookmark-ms MS] [--san NAME]..."
+        );
         return;
     }
-    let listen: SocketAddr = arg(&args, "--listen").unwrap_or("127.0.0.1:6443").parse().unwrap_or_else(|_| {
-        eprintln!("hub-apiserver: --listen needs ip:port");
-        std::process::exit(2)
-    });
+    let listen: SocketAddr = arg(&args, "--listen")
+        .unwrap_or("127.0.0.1:6443")
+        .parse()
+        .unwrap_or_else(|_| {
+            eprintln!("hub-apiserver: --listen needs ip:port");
+            std::process::exit(2)
+        });
     let Some(dir) = arg(&args, "--dir").map(PathBuf::from) else {
         eprintln!("hub-apiserver: --dir is required");
         std::process::exit(2)
@@ -39,28 +46,38 @@ fn main() {
     let options = Options {
         history_limit: num(&args, "--history", 100_000),
         bookmark_interval: Duration::from_millis(num(&args, "--bookmark-ms", 1000) as u64),
-        sans: args.windows(2).filter(|w| w[0] == "--san").map(|w| w[1].clone()).collect(),
+        sans: args
+            .windows(2)
+            .filter(|w| w[0] == "--san")
+            .map(|w| w[1].clone())
+            .collect(),
         ..Options::default()
     };
     // Block the stop signals before any thread starts, so only sigwait below sees them.
-    let mut set = libc_sigset();
+    let set = libc_sigset();
     let standin = StandIn::start(listen, options).unwrap_or_else(|e| {
         eprintln!("hub-apiserver: cannot listen on {listen}: {e}");
         std::process::exit(1)
     });
     let store = &standin.state.store;
-    seed::cluster(store, num(&args, "--nodes", 0), num(&args, "--pods-per-node", 0));
+    seed::cluster(
+        store,
+        num(&args, "--nodes", 0),
+        num(&args, "--pods-per-node", 0),
+    );
     for i in 0..num(&args, "--services", 0) {
         seed::service(store, "default", &format!("svc-{i}"), 80);
     }
     std::fs::create_dir_all(&dir).expect("create --dir");
     std::fs::write(dir.join("ca.crt"), standin.ca.cert_pem()).expect("write ca.crt");
-    standin.write_kubeconfig(&dir.join("admin.kubeconfig"), None).expect("write kubeconfig");
+    standin
+        .write_kubeconfig(&dir.join("admin.kubeconfig"), None)
+        .expect("write kubeconfig");
     println!("ready");
     // Serve until told to stop.
     let mut sig = 0;
     // SAFETY: sigwait on a set of signals blocked in this (only) thread group.
-    unsafe { libc::sigwait(&mut set, &mut sig) };
+    unsafe { libc::sigwait(&set, &mut sig) };
     drop(standin);
 }
 
