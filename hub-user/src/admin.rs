@@ -27,6 +27,11 @@ fn route(state: &HubState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         "/healthz" | "/livez" => respond(StatusCode::OK, "text/plain", "ok"),
         "/readyz" if state.is_ready() => respond(StatusCode::OK, "text/plain", "ok"),
         "/readyz" => respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready"),
+        "/metrics" => respond(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            state.metrics_text(),
+        ),
         "/v1/status" => match serde_json::to_vec(&state.report()) {
             Ok(json) => respond(StatusCode::OK, "application/json", json),
             Err(e) => respond(

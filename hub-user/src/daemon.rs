@@ -11,9 +11,13 @@ use crate::{
     admin,
     config::Config,
     intercept::{self, Interceptor, OriginLookup},
+    proxy::{Listener, Proxy, serving},
     relay,
-    state::{HubState, InterceptState},
-    upstream::Cloud,
+    state::{DataPath, HubState, InterceptState},
+    upstream::{
+        Cloud,
+        identity::{self, ClientIdentity},
+    },
 };
 
 /// How long in-flight connections get to finish after SIGTERM.
@@ -50,6 +54,76 @@ fn all_vips(config: &Config) -> Result<Vec<SocketAddr>, DaemonError> {
     Ok(vips)
 }
 
+/// The cloud's servers, CA and the node identity, from the config and/or a kubeconfig.
+fn cloud_from_config(config: &Config) -> Result<Cloud, DaemonError> {
+    let err = |e: identity::IdentityError| DaemonError::Config(e.to_string());
+    let kube = config
+        .cloud
+        .kubeconfig
+        .as_deref()
+        .map(identity::read_kubeconfig)
+        .transpose()
+        .map_err(err)?
+        .unwrap_or_default();
+    let mut servers = config.cloud.servers.clone();
+    if servers.is_empty() {
+        servers.extend(kube.server.clone());
+    }
+    let ca_pem = match &config.cloud.ca_file {
+        Some(f) => Some(identity::read(f).map_err(err)?),
+        None => kube.ca_pem.clone(),
+    };
+    let roots = match &ca_pem {
+        Some(pem) => identity::roots(pem, "cloud CA").map_err(err)?,
+        None if servers.iter().any(|s| s.starts_with("https://")) => {
+            return Err(DaemonError::Config(
+                "cloud.caFile (or a kubeconfig with certificate-authority) is required for https cloud servers".into(),
+            ));
+        }
+        None => rustls::RootCertStore::empty(),
+    };
+    let node: Option<ClientIdentity> = match (&config.cloud.cert_file, &config.cloud.key_file) {
+        (Some(c), Some(k)) => Some(
+            identity::identity_from_pem(
+                &identity::read(c).map_err(err)?,
+                &identity::read(k).map_err(err)?,
+                "cloud.certFile",
+            )
+            .map_err(err)?,
+        ),
+        _ => match (&kube.cert_pem, &kube.key_pem) {
+            (Some(c), Some(k)) => Some(
+                identity::identity_from_pem(c, k, "kubeconfig client certificate").map_err(err)?,
+            ),
+            _ => None,
+        },
+    };
+    Cloud::new(&servers, roots, node.as_ref(), config.intercept.bypass_mark)
+        .map_err(DaemonError::Config)
+}
+
+/// The TLS acceptor for the hub's listeners, if a serving certificate is configured.
+fn serving_tls(
+    config: &Config,
+    stop: &watch::Receiver<bool>,
+) -> Result<Option<tokio_rustls::TlsAcceptor>, DaemonError> {
+    let (Some(cert), Some(key)) = (&config.tls.cert_file, &config.tls.key_file) else {
+        return Ok(None);
+    };
+    let reloading = Arc::new(
+        serving::ReloadingCert::new(cert, key).map_err(|e| DaemonError::Config(e.to_string()))?,
+    );
+    let server_config =
+        serving::server_config(reloading.clone(), config.tls.client_ca_file.as_deref())
+            .map_err(|e| DaemonError::Config(e.to_string()))?;
+    tokio::spawn(serving::watch_files(
+        reloading,
+        Duration::from_secs(5),
+        stop.clone(),
+    ));
+    Ok(Some(tokio_rustls::TlsAcceptor::from(server_config)))
+}
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, DaemonError> {
     TcpListener::bind(addr)
         .await
@@ -59,15 +133,36 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, DaemonError> {
 pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
     let state = Arc::new(HubState::new(&config.node_name));
     let (stop_tx, stop_rx) = watch::channel(false);
-    let cloud = Arc::new(
-        Cloud::new(&config.cloud.servers, config.intercept.bypass_mark)
-            .map_err(DaemonError::Config)?,
-    );
+    let cloud = Arc::new(cloud_from_config(&config)?);
+    state.set_cloud(cloud.clone());
+    tokio::spawn(cloud.clone().probe_forever(stop_rx.clone()));
+    let tls = serving_tls(&config, &stop_rx)?;
+    state.set_data_path(if tls.is_some() {
+        DataPath::Proxy
+    } else {
+        DataPath::Relay
+    });
 
     let admin_listener = bind(config.listen.admin).await?;
     tokio::spawn(admin::serve(admin_listener, state.clone(), stop_rx.clone()));
 
     let vips = all_vips(&config)?;
+    let make_proxy = |origins: Option<Arc<dyn OriginLookup>>| {
+        Arc::new(Proxy {
+            node_name: config.node_name.clone(),
+            cloud: cloud.clone(),
+            state: state.clone(),
+            pool_scope: config.coordinator.pool_scope_resources.clone(),
+            origins,
+        })
+    };
+    let plain = make_proxy(None);
+    tokio::spawn(plain.clone().serve(
+        bind(config.listen.proxy).await?,
+        None,
+        Listener::Plain,
+        stop_rx.clone(),
+    ));
     let mut interceptor = None;
     if !config.intercept.enabled {
         state.set_intercept(InterceptState::Disabled);
@@ -119,19 +214,53 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
             icpt.add_vip(*vip, local, index as u32)?;
             state.add_vip(*vip, local);
             tracing::info!(%vip, listener = %local, "intercepting");
-            tokio::spawn(relay::serve_vip(
-                listener,
-                *vip,
-                cloud.clone(),
-                origins.clone(),
-                state.clone(),
-                stop_rx.clone(),
-            ));
+            match &tls {
+                Some(acceptor) => {
+                    let p = make_proxy(Some(origins.clone()));
+                    tokio::spawn(p.serve(
+                        listener,
+                        Some(acceptor.clone()),
+                        Listener::Vip(*vip),
+                        stop_rx.clone(),
+                    ));
+                }
+                None => {
+                    tokio::spawn(relay::serve_vip(
+                        listener,
+                        *vip,
+                        cloud.clone(),
+                        origins.clone(),
+                        state.clone(),
+                        stop_rx.clone(),
+                    ));
+                }
+            }
         }
         icpt.set_enabled(true)?;
         state.set_intercept(InterceptState::Attached);
     }
 
+    if let Some(acceptor) = &tls {
+        match TcpListener::bind(config.listen.tls_proxy).await {
+            Ok(l) => {
+                tokio::spawn(plain.clone().serve(
+                    l,
+                    Some(acceptor.clone()),
+                    Listener::Tls,
+                    stop_rx.clone(),
+                ));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => {
+                tracing::warn!(addr = %config.listen.tls_proxy, "listen.tlsProxy address is not local; not listening there");
+            }
+            Err(source) => {
+                return Err(DaemonError::Listen {
+                    addr: config.listen.tls_proxy,
+                    source,
+                });
+            }
+        }
+    }
     state.set_ready(true);
     tracing::info!(node = %config.node_name, vips = vips.len(), "hub ready");
 

@@ -5,9 +5,13 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod intercept;
+pub mod metrics;
+pub mod proxy;
 pub mod relay;
+pub mod route;
 pub mod state;
 pub mod upstream;
+pub mod x509;
 
 /// The eBPF object this binary carries (see build.rs for where it came from).
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("HUB_EBPF_OBJECT"));

@@ -1,5 +1,6 @@
-//! The interim data path (until the L7 proxy lands): an intercepted connection is relayed
-//! byte for byte to a cloud server, over a socket carrying the bypass mark.
+//! The relay data path, used while the hub has no serving certificate: an intercepted
+//! connection is relayed byte for byte to a cloud server over a socket carrying the bypass
+//! mark (TLS stays end to end between client and cloud).
 use std::{net::SocketAddr, sync::Arc};
 
 use tokio::{
@@ -11,7 +12,7 @@ use tracing::Instrument;
 use crate::{
     intercept::OriginLookup,
     state::{ConnRecord, HubState},
-    upstream::Cloud,
+    upstream::{Cloud, connect_marked},
 };
 
 /// Accepts on one VIP's listener until `shutdown` turns true.
@@ -68,15 +69,24 @@ async fn relay(
     state: Arc<HubState>,
 ) {
     let _ = client.set_nodelay(true);
-    let (mut upstream, server) = match cloud.connect().await {
-        Ok(u) => u,
-        Err(e) => {
-            state.upstream_failed();
-            tracing::warn!("{e}");
-            let _guard = state.connection_opened(&record);
-            return;
+    let mut connected = None;
+    for server in cloud.order() {
+        match connect_marked(&server.url.authority(), cloud.mark()).await {
+            Ok(s) => {
+                server.health.success();
+                connected = Some((s, server));
+                break;
+            }
+            Err(e) => server.health.failure(&format!("connect: {e}")),
         }
+    }
+    let Some((mut upstream, server)) = connected else {
+        state.upstream_failed();
+        tracing::warn!("no cloud server reachable for a relayed connection");
+        let _guard = state.connection_opened(&record);
+        return;
     };
+    let server = server.url.clone();
     record.upstream = Some(server.authority());
     let _guard = state.connection_opened(&record);
     tracing::debug!(upstream = %server.authority(), "relaying");

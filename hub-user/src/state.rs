@@ -1,14 +1,20 @@
 //! What the running hub knows about itself, shared by the data path and the admin port.
 use std::{
-    collections::VecDeque,
+    collections::{BTreeMap, VecDeque},
     net::SocketAddr,
     sync::{
-        Mutex,
+        Arc, Mutex, OnceLock,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
 };
 
 use serde::{Deserialize, Serialize};
+
+use crate::{
+    metrics::Metrics,
+    route::Route,
+    upstream::{Cloud, cloud::ServerStatus},
+};
 
 /// How many recent connections `/v1/status` lists.
 const RECENT: usize = 2048;
@@ -49,6 +55,23 @@ pub struct ConnCounts {
     pub bytes_from_cloud: u64,
 }
 
+/// How intercepted connections are served.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DataPath {
+    /// TLS terminated, requests routed (a serving certificate is configured).
+    Proxy,
+    /// Bytes relayed to a cloud server unchanged (no serving certificate).
+    Relay,
+}
+
+/// Requests answered per route, and how many of them were errors (status >= 500).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RouteCounts {
+    pub requests: u64,
+    pub server_errors: u64,
+}
+
 /// The JSON of `/v1/status` and `hub status --output json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusReport {
@@ -57,7 +80,12 @@ pub struct StatusReport {
     pub ready: bool,
     pub ebpf_object: String,
     pub intercept: InterceptState,
+    pub data_path: DataPath,
     pub vips: Vec<VipListener>,
+    pub cloud: Vec<ServerStatus>,
+    pub routes: BTreeMap<String, RouteCounts>,
+    pub open_streams: i64,
+    pub tasks: usize,
     pub connections: ConnCounts,
     pub recent: Vec<ConnRecord>,
 }
@@ -70,6 +98,10 @@ pub struct VipListener {
 
 pub struct HubState {
     node_name: String,
+    pub metrics: Metrics,
+    cloud: OnceLock<Arc<Cloud>>,
+    data_path: Mutex<DataPath>,
+    routes: Mutex<BTreeMap<String, RouteCounts>>,
     ready: AtomicBool,
     intercept: Mutex<InterceptState>,
     vips: Mutex<Vec<VipListener>>,
@@ -96,6 +128,10 @@ impl HubState {
     pub fn new(node_name: &str) -> Self {
         HubState {
             node_name: node_name.to_string(),
+            metrics: Metrics::new(),
+            cloud: OnceLock::new(),
+            data_path: Mutex::new(DataPath::Relay),
+            routes: Mutex::new(BTreeMap::new()),
             ready: AtomicBool::new(false),
             intercept: Mutex::new(InterceptState::Starting),
             vips: Mutex::new(Vec::new()),
@@ -108,6 +144,36 @@ impl HubState {
             bytes_from_cloud: AtomicU64::new(0),
             recent: Mutex::new(VecDeque::with_capacity(RECENT)),
         }
+    }
+
+    pub fn set_cloud(&self, cloud: Arc<Cloud>) {
+        let _ = self.cloud.set(cloud);
+    }
+
+    pub fn set_data_path(&self, p: DataPath) {
+        *self.data_path.lock().unwrap() = p;
+    }
+
+    pub fn count_route(&self, route: Route, code: u16) {
+        let mut routes = self.routes.lock().unwrap();
+        let c = routes.entry(route.as_str().to_string()).or_default();
+        c.requests += 1;
+        if code >= 500 {
+            c.server_errors += 1;
+        }
+    }
+
+    /// Prometheus text, with the upstream health gauges brought up to date first.
+    pub fn metrics_text(&self) -> String {
+        if let Some(cloud) = self.cloud.get() {
+            for s in cloud.status() {
+                self.metrics
+                    .upstream_healthy
+                    .get_or_create(&crate::metrics::ServerLabels { server: s.server })
+                    .set(i64::from(s.healthy));
+            }
+        }
+        self.metrics.encode()
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -168,7 +234,13 @@ impl HubState {
             ready: self.is_ready(),
             ebpf_object: crate::EBPF_OBJECT_SOURCE.to_string(),
             intercept: self.intercept.lock().unwrap().clone(),
+            data_path: *self.data_path.lock().unwrap(),
             vips: self.vips.lock().unwrap().clone(),
+            cloud: self.cloud.get().map(|c| c.status()).unwrap_or_default(),
+            routes: self.routes.lock().unwrap().clone(),
+            open_streams: self.metrics.open_streams.get(),
+            tasks: tokio::runtime::Handle::try_current()
+                .map_or(0, |h| h.metrics().num_alive_tasks()),
             connections: ConnCounts {
                 accepted: load(&self.accepted),
                 active: load(&self.active),

@@ -21,7 +21,7 @@ const VIP: &str = "127.0.10.1:443";
 
 fn spec<'a>(cg: &'a Cgroup, vips: &'a [&'a str]) -> HubSpec<'a> {
     HubSpec {
-        cloud: &["https://127.0.0.1:18443"],
+        cloud: &["http://127.0.0.1:18443"],
         vips,
         hub_address: "127.0.0.1",
         hub_address6: None,
@@ -216,7 +216,7 @@ fn pod_namespace_reaches_hub_address() {
     pod.ip(&["route", "add", "169.254.0.0/16", "via", "169.254.30.1"]);
     let _up = upstream(&node, &["169.254.20.1:443"]);
     let mut s = spec(&cg, &["169.254.20.1:443"]);
-    s.cloud = &["https://169.254.20.1:443"];
+    s.cloud = &["http://169.254.20.1:443"];
     s.hub_address = "169.254.2.1";
     let hub = HubProc::start(&node, &s, None);
 

@@ -26,7 +26,7 @@ fn intercept(rounds: usize) -> Result<()> {
     let hub = HubProc::start(
         &ns,
         &HubSpec {
-            cloud: &["https://127.0.0.1:18443"],
+            cloud: &["http://127.0.0.1:18443"],
             vips: &["127.0.10.1:443"],
             hub_address: "127.0.0.1",
             hub_address6: None,

@@ -99,7 +99,7 @@ pub fn run(pause: bool) -> Result<()> {
     n.step("start the hub: eBPF attached to the pods' cgroup, VIP = the cloud address")?;
     println!("  the hub makes its address {HUB_ADDRESS} local itself (hub0, or lo:hub here)");
     let spec = HubSpec {
-        cloud: &["https://169.254.20.1:443"],
+        cloud: &["http://169.254.20.1:443"],
         vips: &[CLOUD],
         hub_address: HUB_ADDRESS,
         hub_address6: None,

@@ -133,58 +133,9 @@ impl TestCa {
     }
 }
 
-/// (CN, [O...]) of a DER certificate's subject, read with a minimal DER walk.
-pub fn subject_cn_and_orgs(der: &[u8]) -> Option<(String, Vec<String>)> {
-    // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version?, serial, sigAlg,
-    //                 issuer, validity, subject, ... } ... }
-    let (_, cert, _) = tlv(der)?;
-    let (_, mut tbs, _) = tlv(cert)?;
-    let mut fields = Vec::new();
-    while !tbs.is_empty() && fields.len() < 6 {
-        let (tag, value, rest) = tlv(tbs)?;
-        fields.push((tag, value));
-        tbs = rest;
-    }
-    let skip = usize::from(fields.first()?.0 == 0xa0); // explicit version tag
-    let subject = fields.get(4 + skip)?.1;
-    let (mut cn, mut orgs) = (String::new(), Vec::new());
-    let mut rdns = subject;
-    while !rdns.is_empty() {
-        let (_, set, rest) = tlv(rdns)?;
-        rdns = rest;
-        let (_, atv, _) = tlv(set)?;
-        let (_, oid, after) = tlv(atv)?;
-        let (_, value, _) = tlv(after)?;
-        let text = String::from_utf8_lossy(value).into_owned();
-        match oid {
-            [0x55, 0x04, 0x03] => cn = text,
-            [0x55, 0x04, 0x0a] => orgs.push(text),
-            _ => {}
-        }
-    }
-    Some((cn, orgs))
-}
-
-/// One DER tag-length-value: (tag, value, remaining input).
-fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let tag = *input.first()?;
-    let first = *input.get(1)? as usize;
-    let (len, header) = if first < 0x80 {
-        (first, 2)
-    } else {
-        let n = first & 0x7f;
-        if n == 0 || n > 4 {
-            return None;
-        }
-        let mut len = 0usize;
-        for i in 0..n {
-            len = (len << 8) | *input.get(2 + i)? as usize;
-        }
-        (len, 2 + n)
-    };
-    let end = header.checked_add(len)?;
-    Some((tag, input.get(header..end)?, input.get(end..)?))
-}
+/// (CN, [O...]) of a DER certificate's subject (the hub's own reader: the stand-in reads
+/// client certificates the way the hub does, and kube-apiserver before both).
+pub use hub::x509::subject_cn_and_orgs;
 
 #[cfg(test)]
 mod tests {

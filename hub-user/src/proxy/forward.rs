@@ -1,0 +1,224 @@
+//! Forwarding to the cloud: the request as the client sent it (minus hop-by-hop headers,
+//! and minus Authorization when the node identity speaks), the answer streamed back as it
+//! arrives; upgrades (exec, attach, port-forward over SPDY or websocket) are spliced both
+//! ways once the cloud agrees to switch protocols.
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{
+    HeaderMap, Request, Response, StatusCode,
+    body::Incoming,
+    header::{self, HeaderValue},
+};
+use hyper_util::rt::TokioIo;
+
+use crate::upstream::{
+    Cloud, UpstreamError,
+    cloud::{AsWho, ProxyBody},
+};
+
+/// Requests bigger than kube-apiserver accepts are refused before reading them all.
+pub const MAX_REQUEST_BODY: usize = 3 * 1024 * 1024;
+
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+];
+
+pub fn full(b: impl Into<Bytes>) -> ProxyBody {
+    Full::new(b.into()).map_err(|never| match never {}).boxed()
+}
+
+/// Copies end-to-end headers; `upgrade` keeps Connection/Upgrade for protocol switches.
+fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, upgrade: bool, drop_auth: bool) {
+    let listed: Vec<String> = from
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
+        .collect();
+    for (name, value) in from {
+        let n = name.as_str();
+        if n == "host" || (drop_auth && n == "authorization") {
+            continue;
+        }
+        if upgrade && (n == "connection" || n == "upgrade") {
+            to.append(name.clone(), value.clone());
+            continue;
+        }
+        if HOP_BY_HOP.contains(&n) || n == "upgrade" || listed.iter().any(|l| l == n) {
+            continue;
+        }
+        to.append(name.clone(), value.clone());
+    }
+}
+
+pub fn is_upgrade(req: &Request<Incoming>) -> bool {
+    req.headers().contains_key(header::UPGRADE)
+        && req.headers().get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|s| s.to_ascii_lowercase().contains("upgrade"))
+        })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    #[error("request body: {0}")]
+    Body(String),
+    #[error("request body larger than {MAX_REQUEST_BODY} bytes")]
+    TooLarge,
+    #[error("upgrade: {0}")]
+    Upgrade(String),
+}
+
+/// Reads the request body (bounded) so the request can be retried on another server.
+async fn buffered_body(body: Incoming) -> Result<Bytes, ForwardError> {
+    match http_body_util::Limited::new(body, MAX_REQUEST_BODY)
+        .collect()
+        .await
+    {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(ForwardError::TooLarge)
+        }
+        Err(e) => Err(ForwardError::Body(e.to_string())),
+    }
+}
+
+pub struct Forwarded {
+    pub response: Response<ProxyBody>,
+    pub server: String,
+}
+
+/// Sends a (non-upgrade) request to the cloud and returns its streaming answer.
+pub async fn forward(
+    cloud: &Cloud,
+    req: Request<Incoming>,
+    who: AsWho,
+) -> Result<Forwarded, ForwardError> {
+    let (parts, body) = req.into_parts();
+    let body = buffered_body(body).await?;
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    let drop_auth = who == AsWho::Node;
+    let (resp, server) = cloud
+        .send(who, |base| {
+            let mut b = Request::builder()
+                .method(parts.method.clone())
+                .uri(format!("{base}{path}"));
+            copy_headers(&parts.headers, b.headers_mut()?, false, drop_auth);
+            b.body(full(body.clone())).ok()
+        })
+        .await?;
+    let (rparts, rbody) = resp.into_parts();
+    let mut out = Response::builder().status(rparts.status);
+    if let Some(h) = out.headers_mut() {
+        copy_headers(&rparts.headers, h, false, false);
+    }
+    Ok(Forwarded {
+        response: out
+            .body(rbody.boxed())
+            .map_err(|e| ForwardError::Body(e.to_string()))?,
+        server: server.url.authority(),
+    })
+}
+
+/// Forwards an upgrade request; on 101 from the cloud, splices client and cloud together.
+pub async fn forward_upgrade(
+    cloud: &Cloud,
+    mut req: Request<Incoming>,
+    who: AsWho,
+) -> Result<Forwarded, ForwardError> {
+    let client_upgrade = hyper::upgrade::on(&mut req);
+    let (conn, server) = cloud.open_upgrade(who).await?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(conn)
+        .await
+        .map_err(|e| ForwardError::Upgrade(e.to_string()))?;
+    tokio::spawn(async move {
+        let _ = connection.with_upgrades().await;
+    });
+    let (parts, _) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    let mut b = Request::builder().method(parts.method.clone()).uri(path);
+    if let Some(h) = b.headers_mut() {
+        copy_headers(&parts.headers, h, true, who == AsWho::Node);
+        h.insert(
+            header::HOST,
+            HeaderValue::from_str(&server.url.authority())
+                .map_err(|e| ForwardError::Upgrade(e.to_string()))?,
+        );
+    }
+    let upstream_req = b
+        .body(full(Bytes::new()))
+        .map_err(|e| ForwardError::Upgrade(e.to_string()))?;
+    let mut resp = sender
+        .send_request(upstream_req)
+        .await
+        .map_err(|e| ForwardError::Upgrade(e.to_string()))?;
+    let server_name = server.url.authority();
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        let (rparts, rbody) = resp.into_parts();
+        let mut out = Response::builder().status(rparts.status);
+        if let Some(h) = out.headers_mut() {
+            copy_headers(&rparts.headers, h, false, false);
+        }
+        return Ok(Forwarded {
+            response: out
+                .body(rbody.boxed())
+                .map_err(|e| ForwardError::Body(e.to_string()))?,
+            server: server_name,
+        });
+    }
+    let upstream_upgrade = hyper::upgrade::on(&mut resp);
+    let mut out = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
+    if let Some(h) = out.headers_mut() {
+        copy_headers(resp.headers(), h, true, false);
+    }
+    tokio::spawn(async move {
+        let (Ok(client), Ok(upstream)) = (client_upgrade.await, upstream_upgrade.await) else {
+            return;
+        };
+        let _ =
+            tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(upstream))
+                .await;
+    });
+    Ok(Forwarded {
+        response: out
+            .body(full(Bytes::new()))
+            .map_err(|e| ForwardError::Body(e.to_string()))?,
+        server: server_name,
+    })
+}
+
+/// A Kubernetes Status error response.
+pub fn status(code: StatusCode, reason: &str, message: &str) -> Response<ProxyBody> {
+    let body = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code.as_u16(),
+    });
+    Response::builder()
+        .status(code)
+        .header(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )
+        .body(full(serde_json::to_vec(&body).expect("json")))
+        .expect("static response")
+}

@@ -1,0 +1,369 @@
+//! The L7 proxy: terminates TLS (or plain HTTP on the explicit listener), works out who is
+//! calling, routes each request by the decision table, forwards to the cloud with the
+//! right identity and streams the answer back; requests the caches would serve get a clear
+//! 503 Status until those routes exist.
+pub mod forward;
+pub mod request;
+pub mod serving;
+
+use std::{
+    net::SocketAddr,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use hyper::{Request, Response, StatusCode, body::Incoming, header};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::{net::TcpListener, sync::watch};
+use tracing::Instrument;
+
+use self::{
+    forward::{ForwardError, forward, forward_upgrade, is_upgrade, status},
+    request::{RequestInfo, component},
+};
+use crate::{
+    intercept::OriginLookup,
+    metrics::{LatencyLabels, RequestLabels},
+    route::{self, Route},
+    state::{ConnRecord, HubState},
+    upstream::{
+        Cloud,
+        cloud::{AsWho, ProxyBody},
+    },
+};
+
+/// How long a client gets to finish the TLS handshake and send its request headers
+/// (slowloris clients are cut off after this).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest request head accepted (kube-apiserver's is larger, but no API client needs it).
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Which listener a connection arrived on.
+#[derive(Debug, Clone, Copy)]
+pub enum Listener {
+    /// listen.proxy: plain HTTP for explicitly configured local clients.
+    Plain,
+    /// listen.tlsProxy.
+    Tls,
+    /// An intercepted VIP's listener.
+    Vip(SocketAddr),
+}
+
+/// What is known about one client connection.
+#[derive(Debug, Clone)]
+struct Conn {
+    id: u64,
+    listener: Listener,
+    /// (CN, O...) of a client certificate verified against tls.clientCaFile.
+    cert: Option<(String, Vec<String>)>,
+}
+
+pub struct Proxy {
+    pub node_name: String,
+    pub cloud: Arc<Cloud>,
+    pub state: Arc<HubState>,
+    pub pool_scope: Vec<String>,
+    pub origins: Option<Arc<dyn OriginLookup>>,
+}
+
+impl Proxy {
+    /// Accepts on `listener` until `stop`; with `tls` set, connections are TLS.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        kind: Listener,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let mut next_id = 0u64;
+        loop {
+            let accepted = tokio::select! {
+                r = listener.accept() => r,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            let Ok((tcp, peer)) = accepted else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            next_id += 1;
+            let _ = tcp.set_nodelay(true);
+            let (origin, record) = match kind {
+                Listener::Vip(vip) => {
+                    self.state.metrics.intercepted.inc();
+                    let local = tcp.local_addr().unwrap_or(peer);
+                    let origin = self.origins.as_ref().and_then(|o| o.lookup(peer, local));
+                    let record = ConnRecord {
+                        client: peer,
+                        original_dst: origin.map_or(vip, |o| o.original_dst),
+                        pid: origin.map_or(0, |o| o.pid),
+                        cgroup_id: origin.map_or(0, |o| o.cgroup_id),
+                        upstream: None,
+                    };
+                    (origin, Some(record))
+                }
+                _ => (None, None),
+            };
+            let span = tracing::debug_span!("conn", id = next_id, %peer, orig_dst = ?origin.map(|o| o.original_dst));
+            let (me, tls) = (self.clone(), tls.clone());
+            tokio::spawn(
+                async move {
+                    // Intercepted connections are listed (with their origin) while open.
+                    let state = me.state.clone();
+                    let _open = record.as_ref().map(|r| state.connection_opened(r));
+                    let conn = Conn {
+                        id: next_id,
+                        listener: kind,
+                        cert: None,
+                    };
+                    match tls {
+                        Some(acceptor) => {
+                            let Ok(Ok(stream)) =
+                                tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
+                            else {
+                                tracing::debug!("TLS handshake failed or timed out");
+                                return;
+                            };
+                            let cert = stream
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(|c| c.first())
+                                .and_then(|c| crate::x509::subject_cn_and_orgs(c));
+                            me.serve_http(TokioIo::new(stream), Conn { cert, ..conn })
+                                .await;
+                        }
+                        None => me.serve_http(TokioIo::new(tcp), conn).await,
+                    }
+                }
+                .instrument(span),
+            );
+        }
+    }
+
+    async fn serve_http<I>(self: Arc<Self>, io: I, conn: Conn)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let service = hyper::service::service_fn(move |req| {
+            let (me, conn) = (self.clone(), conn.clone());
+            async move { Ok::<_, std::convert::Infallible>(me.handle(req, &conn).await) }
+        });
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HANDSHAKE_TIMEOUT)
+            .max_buf_size(MAX_HEADER_BYTES);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(MAX_HEADER_BYTES as u32);
+        let _ = builder.serve_connection_with_upgrades(io, service).await;
+    }
+
+    /// Who the hub speaks as towards the cloud, or a 401 for a foreign client certificate.
+    fn identity(&self, req: &Request<Incoming>, conn: &Conn) -> Result<AsWho, Response<ProxyBody>> {
+        if req.headers().contains_key(header::AUTHORIZATION) {
+            return Ok(AsWho::Caller);
+        }
+        if let Some((cn, _)) = &conn.cert {
+            let own = format!("system:node:{}", self.node_name);
+            if *cn == own {
+                return Ok(AsWho::Node);
+            }
+            return Err(status(
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized",
+                &format!("hub: client certificate {cn:?} is not this node's identity ({own})"),
+            ));
+        }
+        // Explicitly configured local clients on the plain listener act as the node, as
+        // with YurtHub's 10261; anyone else without credentials stays anonymous.
+        Ok(match conn.listener {
+            Listener::Plain => AsWho::Node,
+            _ => AsWho::Caller,
+        })
+    }
+
+    async fn handle(self: &Arc<Self>, req: Request<Incoming>, conn: &Conn) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let info = RequestInfo::parse(
+            req.method(),
+            req.uri().path(),
+            req.uri().query().unwrap_or(""),
+        );
+        let component = component(
+            req.headers()
+                .get(header::USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or(""),
+        );
+        let who = match self.identity(&req, conn) {
+            Ok(w) => w,
+            Err(resp) => {
+                self.record(Route::Cloud, &info, component, resp.status(), started);
+                return resp;
+            }
+        };
+        let inputs = route::Inputs {
+            cloud_healthy: self.cloud.healthy(),
+            coordinator_healthy: false,
+            leader: false,
+            pool_scope: info.is_resource && self.pool_scope.iter().any(|p| *p == info.gvr()),
+            cloud_only: !info.is_read(),
+        };
+        let streaming = info.verb == "watch"
+            || info.verb == "connect"
+            || req.uri().query().is_some_and(|q| q.contains("follow=true"));
+        tracing::debug!(
+            conn = conn.id,
+            verb = info.verb,
+            path = req.uri().path(),
+            ?who,
+            "request"
+        );
+        let mut req = Some(req);
+        let mut why = Vec::new();
+        for r in route::plan(inputs) {
+            match r {
+                Route::Cloud => {
+                    let Some(req) = req.take() else { break };
+                    let result = if is_upgrade(&req) {
+                        forward_upgrade(&self.cloud, req, who).await
+                    } else {
+                        forward(&self.cloud, req, who).await
+                    };
+                    match result {
+                        Ok(f) => {
+                            self.record(
+                                Route::Cloud,
+                                &info,
+                                component,
+                                f.response.status(),
+                                started,
+                            );
+                            return if streaming {
+                                self.counted(f.response)
+                            } else {
+                                f.response
+                            };
+                        }
+                        Err(ForwardError::TooLarge) => {
+                            let resp = status(
+                                StatusCode::PAYLOAD_TOO_LARGE,
+                                "RequestEntityTooLarge",
+                                &format!(
+                                    "Request entity too large: limit is {}",
+                                    forward::MAX_REQUEST_BODY
+                                ),
+                            );
+                            self.record(Route::Cloud, &info, component, resp.status(), started);
+                            return resp;
+                        }
+                        Err(e) => why.push(format!("cloud: {e}")),
+                    }
+                }
+                Route::Coordinator | Route::LocalCache => {
+                    why.push(format!("{}: route not available in this build", r.as_str()));
+                }
+            }
+        }
+        if !self.cloud.healthy() && why.iter().all(|w| !w.starts_with("cloud")) {
+            why.insert(0, "cloud: unhealthy".into());
+        }
+        let last = route::plan(inputs).last().copied().unwrap_or(Route::Cloud);
+        let resp = status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            &format!(
+                "hub: cannot serve {} {}: {}",
+                info.verb,
+                uri_path(&info),
+                why.join("; ")
+            ),
+        );
+        self.record(last, &info, component, resp.status(), started);
+        resp
+    }
+
+    fn record(
+        &self,
+        route: Route,
+        info: &RequestInfo,
+        component: &'static str,
+        code: StatusCode,
+        started: Instant,
+    ) {
+        let m = &self.state.metrics;
+        m.requests
+            .get_or_create(&RequestLabels {
+                route: route.as_str(),
+                verb: info.verb,
+                code: code.as_u16(),
+                component,
+            })
+            .inc();
+        m.latency
+            .get_or_create(&LatencyLabels {
+                route: route.as_str(),
+                verb: info.verb,
+            })
+            .observe(started.elapsed().as_secs_f64());
+        self.state.count_route(route, code.as_u16());
+    }
+
+    /// Counts the response as an open stream until its body ends or the client goes away.
+    fn counted(&self, resp: Response<ProxyBody>) -> Response<ProxyBody> {
+        let gauge = self.state.metrics.open_streams.clone();
+        gauge.inc();
+        resp.map(|inner| {
+            http_body_util::BodyExt::boxed(Counted {
+                inner,
+                gauge: Some(gauge),
+            })
+        })
+    }
+}
+
+fn uri_path(info: &RequestInfo) -> String {
+    if !info.is_resource {
+        return "(non-resource path)".into();
+    }
+    let mut p = info.gvr();
+    if !info.namespace.is_empty() {
+        p = format!("{p} in {}", info.namespace);
+    }
+    p
+}
+
+/// A body that decrements the open-streams gauge when it is dropped.
+struct Counted {
+    inner: ProxyBody,
+    gauge: Option<prometheus_client::metrics::gauge::Gauge>,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if let Some(g) = self.gauge.take() {
+            g.dec();
+        }
+    }
+}
+
+impl hyper::body::Body for Counted {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+}

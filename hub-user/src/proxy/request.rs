@@ -1,0 +1,202 @@
+//! What a Kubernetes API request is about, read from its method, path and query (the
+//! hub's counterpart of kube-apiserver's RequestInfo).
+use hyper::Method;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestInfo {
+    /// False for non-resource paths (/api, /apis, /version, /healthz, /openapi/...).
+    pub is_resource: bool,
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
+    /// get, list, watch, create, update, patch, delete, deletecollection, connect.
+    pub verb: &'static str,
+}
+
+fn flag(query: &str, name: &str) -> bool {
+    query.split('&').any(|kv| {
+        kv.split_once('=').is_some_and(|(k, v)| {
+            k == name && matches!(v, "1" | "t" | "T" | "true" | "TRUE" | "True")
+        })
+    })
+}
+
+impl RequestInfo {
+    pub fn parse(method: &Method, path: &str, query: &str) -> RequestInfo {
+        let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let (group, version, rest) = match segs.as_slice() {
+            ["api", v, rest @ ..] => ("", *v, rest),
+            ["apis", g, v, rest @ ..] => (*g, *v, rest),
+            _ => {
+                return RequestInfo {
+                    verb: if *method == Method::GET {
+                        "get"
+                    } else {
+                        "unknown"
+                    },
+                    ..Default::default()
+                };
+            }
+        };
+        // namespaces/<ns>/<resource>/... unless it is the namespace object's own subresource.
+        let (namespace, rest) = match rest {
+            ["namespaces", ns, res, tail @ ..] if !matches!(*res, "status" | "finalize") => {
+                (ns.to_string(), [&[*res][..], tail].concat())
+            }
+            other => (String::new(), other.to_vec()),
+        };
+        if rest.is_empty() {
+            return RequestInfo {
+                group: group.into(),
+                version: version.into(),
+                verb: "get",
+                ..Default::default()
+            };
+        }
+        let resource = rest[0].to_string();
+        let name = rest.get(1).map(|s| s.to_string()).unwrap_or_default();
+        let subresource = rest.get(2).map(|s| s.to_string()).unwrap_or_default();
+        let verb = match *method {
+            Method::GET | Method::HEAD if name.is_empty() && flag(query, "watch") => "watch",
+            Method::GET | Method::HEAD
+                if matches!(
+                    subresource.as_str(),
+                    "exec" | "attach" | "portforward" | "proxy"
+                ) =>
+            {
+                "connect"
+            }
+            Method::GET | Method::HEAD if name.is_empty() => "list",
+            Method::GET | Method::HEAD => "get",
+            Method::POST if matches!(subresource.as_str(), "exec" | "attach" | "portforward") => {
+                "connect"
+            }
+            Method::POST => "create",
+            Method::PUT => "update",
+            Method::PATCH => "patch",
+            Method::DELETE if name.is_empty() => "deletecollection",
+            Method::DELETE => "delete",
+            _ => "unknown",
+        };
+        RequestInfo {
+            is_resource: true,
+            group: group.into(),
+            version: version.into(),
+            resource,
+            subresource,
+            namespace,
+            name,
+            verb,
+        }
+    }
+
+    /// `group/version/resource` as coordinator.poolScopeResources writes it (`/v1/services`
+    /// for the core group).
+    pub fn gvr(&self) -> String {
+        format!("{}/{}/{}", self.group, self.version, self.resource)
+    }
+
+    /// A read the caches could answer (a get/list/watch of an object or discovery).
+    pub fn is_read(&self) -> bool {
+        matches!(self.verb, "get" | "list" | "watch")
+            && (self.subresource.is_empty() || self.subresource == "status")
+    }
+}
+
+/// The client component, from the User-Agent's first word (`kubelet/v1.32 ...`), limited
+/// to names worth a metrics label.
+pub fn component(user_agent: &str) -> &'static str {
+    let first = user_agent
+        .split(['/', ' '])
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    const KNOWN: [&str; 9] = [
+        "kubelet",
+        "kube-proxy",
+        "coredns",
+        "flanneld",
+        "kubectl",
+        "hub",
+        "calico",
+        "cilium-agent",
+        "kube-scheduler",
+    ];
+    KNOWN
+        .iter()
+        .find(|k| first == **k)
+        .copied()
+        .unwrap_or("other")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_common_shapes() {
+        let r = RequestInfo::parse(&Method::GET, "/api/v1/namespaces/default/pods", "limit=500");
+        assert_eq!(
+            (r.verb, r.resource.as_str(), r.namespace.as_str(), r.gvr()),
+            ("list", "pods", "default", "/v1/pods".into())
+        );
+        let r = RequestInfo::parse(
+            &Method::GET,
+            "/api/v1/namespaces/default/pods",
+            "watch=True&resourceVersion=5",
+        );
+        assert_eq!(r.verb, "watch");
+        let r = RequestInfo::parse(
+            &Method::GET,
+            "/apis/discovery.k8s.io/v1/endpointslices",
+            "watch=1",
+        );
+        assert_eq!(
+            (r.verb, r.gvr()),
+            ("watch", "discovery.k8s.io/v1/endpointslices".into())
+        );
+        let r = RequestInfo::parse(
+            &Method::POST,
+            "/api/v1/namespaces/default/pods/p/exec",
+            "command=sh",
+        );
+        assert_eq!((r.verb, r.subresource.as_str()), ("connect", "exec"));
+        let r = RequestInfo::parse(
+            &Method::GET,
+            "/api/v1/namespaces/default/pods/p/log",
+            "follow=true",
+        );
+        assert_eq!((r.verb, r.is_read()), ("get", false));
+        let r = RequestInfo::parse(&Method::PUT, "/api/v1/namespaces/kube-system/status", "");
+        assert_eq!(
+            (
+                r.verb,
+                r.resource.as_str(),
+                r.name.as_str(),
+                r.subresource.as_str()
+            ),
+            ("update", "namespaces", "kube-system", "status")
+        );
+        let r = RequestInfo::parse(&Method::GET, "/api/v1/nodes/n1", "");
+        assert_eq!(
+            (r.verb, r.name.as_str(), r.namespace.as_str()),
+            ("get", "n1", "")
+        );
+        let r = RequestInfo::parse(&Method::GET, "/version", "");
+        assert!(!r.is_resource && r.is_read());
+    }
+
+    #[test]
+    fn components() {
+        assert_eq!(
+            component("kubelet/v1.32.0 (linux/amd64) kubernetes/abc"),
+            "kubelet"
+        );
+        assert_eq!(component("kubectl/v1.32.4 (linux/amd64)"), "kubectl");
+        assert_eq!(component("OpenAPI-Generator/22.6.0/python"), "other");
+        assert_eq!(component(""), "other");
+    }
+}

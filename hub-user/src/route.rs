@@ -1,0 +1,130 @@
+//! The routing decision (design.md §5, from the user's seed), as one pure function.
+//!
+//! ```text
+//! cloud healthy:
+//!     coordinator healthy && not the pool leader && pool-scope resource -> coordinator
+//!     otherwise -> cloud; on a transport error fall through
+//! coordinator healthy -> coordinator; on error fall through
+//! otherwise -> local cache
+//! ```
+//! Requests only the cloud can answer truthfully (exec, attach, port-forward, logs, most
+//! writes) always go to the cloud and fail with a clear Status when it is unreachable.
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Route {
+    Cloud,
+    Coordinator,
+    LocalCache,
+}
+
+impl Route {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Route::Cloud => "cloud",
+            Route::Coordinator => "coordinator",
+            Route::LocalCache => "local-cache",
+        }
+    }
+}
+
+/// Everything the decision depends on.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Inputs {
+    pub cloud_healthy: bool,
+    pub coordinator_healthy: bool,
+    /// This hub is the pool leader (it serves pool-scope resources from the cloud).
+    pub leader: bool,
+    /// The resource is in coordinator.poolScopeResources.
+    pub pool_scope: bool,
+    /// Only the cloud can answer it truthfully (streams, upgrades, most writes).
+    pub cloud_only: bool,
+}
+
+/// The routes to try, in order; the next one is tried when one fails.
+pub fn plan(i: Inputs) -> Vec<Route> {
+    use Route::*;
+    if i.cloud_only {
+        return vec![Cloud];
+    }
+    if i.cloud_healthy {
+        if i.coordinator_healthy && !i.leader && i.pool_scope {
+            return vec![Coordinator, LocalCache];
+        }
+        let mut p = vec![Cloud];
+        if i.coordinator_healthy {
+            p.push(Coordinator);
+        }
+        p.push(LocalCache);
+        return p;
+    }
+    if i.coordinator_healthy {
+        return vec![Coordinator, LocalCache];
+    }
+    vec![LocalCache]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Route::*, *};
+
+    fn inputs(cloud: bool, coord: bool, leader: bool, pool: bool) -> Inputs {
+        Inputs {
+            cloud_healthy: cloud,
+            coordinator_healthy: coord,
+            leader,
+            pool_scope: pool,
+            cloud_only: false,
+        }
+    }
+
+    #[test]
+    fn every_row_of_the_table() {
+        // cloud healthy, follower, pool-scope, coordinator healthy -> coordinator first.
+        assert_eq!(
+            plan(inputs(true, true, false, true)),
+            vec![Coordinator, LocalCache]
+        );
+        // the leader serves pool-scope resources from the cloud itself.
+        assert_eq!(
+            plan(inputs(true, true, true, true)),
+            vec![Cloud, Coordinator, LocalCache]
+        );
+        // not pool-scope -> cloud, falling through to the coordinator, then the cache.
+        assert_eq!(
+            plan(inputs(true, true, false, false)),
+            vec![Cloud, Coordinator, LocalCache]
+        );
+        // coordinator down -> cloud, then the cache.
+        assert_eq!(
+            plan(inputs(true, false, false, true)),
+            vec![Cloud, LocalCache]
+        );
+        assert_eq!(
+            plan(inputs(true, false, true, false)),
+            vec![Cloud, LocalCache]
+        );
+        // cloud down, coordinator up -> coordinator, then the cache, whatever the scope.
+        assert_eq!(
+            plan(inputs(false, true, false, false)),
+            vec![Coordinator, LocalCache]
+        );
+        assert_eq!(
+            plan(inputs(false, true, true, true)),
+            vec![Coordinator, LocalCache]
+        );
+        // both down -> local cache.
+        assert_eq!(plan(inputs(false, false, false, true)), vec![LocalCache]);
+        assert_eq!(plan(inputs(false, false, true, false)), vec![LocalCache]);
+    }
+
+    #[test]
+    fn cloud_only_requests_never_go_elsewhere() {
+        for (cloud, coord) in [(true, true), (false, true), (false, false)] {
+            let mut i = inputs(cloud, coord, false, true);
+            i.cloud_only = true;
+            assert_eq!(plan(i), vec![Cloud]);
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! The one X.509 fact the hub needs from a verified client certificate: its subject's
+//! CN (the user) and O values (the groups), as kube-apiserver reads them.
+
+/// (CN, [O...]) of a DER certificate's subject, read with a minimal DER walk.
+pub fn subject_cn_and_orgs(der: &[u8]) -> Option<(String, Vec<String>)> {
+    // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version?, serial, sigAlg,
+    //                 issuer, validity, subject, ... } ... }
+    let (_, cert, _) = tlv(der)?;
+    let (_, mut tbs, _) = tlv(cert)?;
+    let mut fields = Vec::new();
+    while !tbs.is_empty() && fields.len() < 6 {
+        let (tag, value, rest) = tlv(tbs)?;
+        fields.push((tag, value));
+        tbs = rest;
+    }
+    let skip = usize::from(fields.first()?.0 == 0xa0); // explicit version tag
+    let subject = fields.get(4 + skip)?.1;
+    let (mut cn, mut orgs) = (String::new(), Vec::new());
+    let mut rdns = subject;
+    while !rdns.is_empty() {
+        let (_, set, rest) = tlv(rdns)?;
+        rdns = rest;
+        let mut atvs = set;
+        while !atvs.is_empty() {
+            let (_, atv, more) = tlv(atvs)?;
+            atvs = more;
+            let (_, oid, after) = tlv(atv)?;
+            let (_, value, _) = tlv(after)?;
+            let text = String::from_utf8_lossy(value).into_owned();
+            match oid {
+                [0x55, 0x04, 0x03] => cn = text,
+                [0x55, 0x04, 0x0a] => orgs.push(text),
+                _ => {}
+            }
+        }
+    }
+    Some((cn, orgs))
+}
+
+/// One DER tag-length-value: (tag, value, remaining input).
+fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let tag = *input.first()?;
+    let first = *input.get(1)? as usize;
+    let (len, header) = if first < 0x80 {
+        (first, 2)
+    } else {
+        let n = first & 0x7f;
+        if n == 0 || n > 4 {
+            return None;
+        }
+        let mut len = 0usize;
+        for i in 0..n {
+            len = (len << 8) | *input.get(2 + i)? as usize;
+        }
+        (len, 2 + n)
+    };
+    let end = header.checked_add(len)?;
+    Some((tag, input.get(header..end)?, input.get(end..)?))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn garbage_is_none_not_a_panic() {
+        assert_eq!(super::subject_cn_and_orgs(&[]), None);
+        assert_eq!(
+            super::subject_cn_and_orgs(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]),
+            None
+        );
+        assert_eq!(super::subject_cn_and_orgs(&[0x30, 0x03, 0x30, 0x01]), None);
+    }
+}
