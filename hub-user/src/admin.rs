@@ -131,9 +131,39 @@ pub fn render(s: &StatusReport) -> String {
         "interception: {intercept} (eBPF object {})",
         s.ebpf_object
     );
+    let _ = writeln!(out, "data path:    {:?}", s.data_path);
     for v in &s.vips {
         let _ = writeln!(out, "  vip {} -> {}", v.vip, v.listener);
     }
+    let healthy = s.cloud.iter().filter(|c| c.healthy).count();
+    let _ = writeln!(
+        out,
+        "cloud:        {healthy}/{} servers healthy",
+        s.cloud.len()
+    );
+    for c in &s.cloud {
+        let why = if c.healthy || c.last_error.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", c.last_error)
+        };
+        let state = if c.healthy { "healthy" } else { "UNHEALTHY" };
+        let _ = writeln!(out, "  {} {state}{why}", c.server);
+    }
+    let _ = writeln!(out, "coordinator:  not configured in this build");
+    let _ = writeln!(out, "role:         follower (no pool)");
+    for (route, c) in &s.routes {
+        let _ = writeln!(
+            out,
+            "route {route:<12} {} requests, {} 5xx",
+            c.requests, c.server_errors
+        );
+    }
+    let _ = writeln!(
+        out,
+        "streams:      {} open, {} tasks",
+        s.open_streams, s.tasks
+    );
     let c = &s.connections;
     let _ = writeln!(
         out,

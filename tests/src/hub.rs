@@ -16,6 +16,8 @@ use crate::{
 pub struct HubProc {
     pub proc: Proc,
     pub admin: String,
+    /// The namespace it runs in (None: the test's own).
+    ns: Option<crate::netns::NsHandle>,
     pub pin_path: PathBuf,
     log: PathBuf,
     dir: TempDir,
@@ -29,6 +31,13 @@ pub struct HubSpec<'a> {
     pub hub_address6: Option<&'a str>,
     pub cgroup: &'a Path,
     pub admin: &'a str,
+}
+
+fn in_ns(ns: Option<&Netns>, program: PathBuf) -> Command {
+    match ns {
+        Some(ns) => ns.command(program),
+        None => Command::new(program),
+    }
 }
 
 impl HubSpec<'_> {
@@ -63,16 +72,25 @@ impl HubProc {
     /// Starts a hub in `ns` (optionally inside `cgroup_procs`' cgroup) and waits until its
     /// admin port reports ready.
     pub fn start(ns: &Netns, spec: &HubSpec<'_>, cgroup_procs: Option<&Path>) -> HubProc {
+        Self::start_yaml(Some(ns), spec.admin, cgroup_procs, |pin, cache| {
+            spec.config_yaml(pin, cache)
+        })
+    }
+
+    /// Starts a hub with a config written by `yaml(pin_path, cache_dir)`, in `ns` or in
+    /// the test's own namespace.
+    pub fn start_yaml(
+        ns: Option<&Netns>,
+        admin: &str,
+        cgroup_procs: Option<&Path>,
+        yaml: impl FnOnce(&Path, &Path) -> String,
+    ) -> HubProc {
         let dir = TempDir::new("hub");
         let pin_path = PathBuf::from("/sys/fs/bpf").join(crate::unique("pin"));
         let config = dir.path().join("hub.yaml");
-        std::fs::write(
-            &config,
-            spec.config_yaml(&pin_path, &dir.path().join("cache")),
-        )
-        .unwrap();
+        std::fs::write(&config, yaml(&pin_path, &dir.path().join("cache"))).unwrap();
         let log = dir.path().join("hub.log");
-        let mut cmd = ns.command(hub_bin());
+        let mut cmd = in_ns(ns, hub_bin());
         cmd.args(["run", "--config"])
             .arg(&config)
             .env("RUST_LOG", "info")
@@ -82,7 +100,8 @@ impl HubProc {
         }
         let mut hub = HubProc {
             proc: Proc::spawn(cmd, "hub"),
-            admin: spec.admin.to_string(),
+            admin: admin.to_string(),
+            ns: ns.map(|n| n.handle()),
             pin_path,
             log,
             dir,
@@ -94,7 +113,7 @@ impl HubProc {
                 "hub exited early; log:\n{}",
                 hub.log()
             );
-            let ready = hub.try_status(ns);
+            let ready = hub.try_status();
             if ready.is_some_and(|s| s["ready"] == Value::Bool(true)) {
                 break;
             }
@@ -112,14 +131,17 @@ impl HubProc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn status_cmd(&self, ns: &Netns) -> Command {
-        let mut c = ns.command(hub_bin());
+    fn status_cmd(&self) -> Command {
+        let mut c = match &self.ns {
+            Some(h) => h.command(hub_bin()),
+            None => Command::new(hub_bin()),
+        };
         c.args(["status", "--output", "json", "--admin", &self.admin]);
         c
     }
 
-    pub fn try_status(&self, ns: &Netns) -> Option<Value> {
-        let out = self.status_cmd(ns).output().ok()?;
+    pub fn try_status(&self) -> Option<Value> {
+        let out = self.status_cmd().output().ok()?;
         if !out.status.success() {
             return None;
         }
@@ -127,8 +149,8 @@ impl HubProc {
     }
 
     /// `hub status --output json` through the real CLI.
-    pub fn status(&self, ns: &Netns) -> Value {
-        let text = process::output(self.status_cmd(ns), "hub status");
+    pub fn status(&self) -> Value {
+        let text = process::output(self.status_cmd(), "hub status");
         serde_json::from_str(&text).expect("status json")
     }
 

@@ -4,6 +4,7 @@ pub mod apiserver;
 pub mod cgroup;
 pub mod hub;
 pub mod netns;
+pub mod ports;
 pub mod privileged;
 pub mod probe;
 pub mod process;

@@ -55,20 +55,14 @@ impl Netns {
         ip(&full);
     }
 
+    /// A handle that can start processes in this namespace (while it exists).
+    pub fn handle(&self) -> NsHandle {
+        NsHandle(self.handle.clone())
+    }
+
     /// A command that runs `program` inside this namespace (same mounts as the test).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut c = Command::new(program);
-        let handle = self.handle.clone();
-        // SAFETY: setns(2) only, between fork and exec; the fd stays open via the Arc.
-        unsafe {
-            c.pre_exec(move || {
-                if libc::setns(handle.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        c
+        self.handle().command(program)
     }
 
     /// Makes `cidr` (e.g. the hub address or a VIP) local to this namespace. It goes on
@@ -98,6 +92,27 @@ impl Netns {
         self.ip(&["link", "set", here.0, "up"]);
         other.ip(&["addr", "add", there.1, "dev", there.0]);
         other.ip(&["link", "set", there.0, "up"]);
+    }
+}
+
+/// An open namespace file, for starting processes inside it.
+#[derive(Clone)]
+pub struct NsHandle(Arc<File>);
+
+impl NsHandle {
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
+        let handle = self.0.clone();
+        // SAFETY: setns(2) only, between fork and exec; the fd stays open via the Arc.
+        unsafe {
+            c.pre_exec(move || {
+                if libc::setns(handle.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        c
     }
 }
 

@@ -56,7 +56,7 @@ fn redirects_inside_the_cgroup_only() {
     assert_eq!(inside["ok"], 1, "{inside}\nhub log:\n{}", hub.log());
     assert_eq!(inside["via_hub"], 1, "{inside}");
 
-    let status = hub.status(&ns);
+    let status = hub.status();
     let rec = recent_for_pid(&status, inside["pid"].as_u64().unwrap());
     assert_eq!(rec.len(), 1, "{status}");
     assert_eq!(rec[0]["original_dst"], VIP);
@@ -120,7 +120,7 @@ fn redirects_ipv6_and_v4_mapped() {
         hub.log()
     );
 
-    let status = hub.status(&ns);
+    let status = hub.status();
     let r6 = recent_for_pid(&status, v6["pid"].as_u64().unwrap());
     assert_eq!(r6[0]["original_dst"], vip6, "{status}");
     let rm = recent_for_pid(&status, mapped["pid"].as_u64().unwrap());
@@ -223,7 +223,7 @@ fn pod_namespace_reaches_hub_address() {
     let r = connect(&pod, "169.254.20.1:443", 2, 1, Some(&cg));
     assert_eq!(r["ok"], 2, "{r}\n{}", hub.log());
     assert_eq!(r["via_hub"], 2, "{r}");
-    let status = hub.status(&node);
+    let status = hub.status();
     let rec = recent_for_pid(&status, r["pid"].as_u64().unwrap());
     assert_eq!(rec.len(), 2);
     assert!(
@@ -255,7 +255,7 @@ fn thousand_connections_origins_and_map_dump() {
     let r = connect(&ns, VIP, 1000, 50, Some(&cg));
     assert_eq!(r["ok"], 1000, "{r}\n{}", hub.log());
     assert_eq!(r["via_hub"], 1000);
-    let status = hub.status(&ns);
+    let status = hub.status();
     let pid = r["pid"].as_u64().unwrap();
     let rec = recent_for_pid(&status, pid);
     assert_eq!(
@@ -313,4 +313,116 @@ fn thousand_connections_origins_and_map_dump() {
         "{bpf}"
     );
     assert_eq!(bpf["links"].as_array().unwrap().len(), 3, "{bpf}");
+}
+
+/// Issue 5 (a, b) through real interception: kubectl in a client cgroup with an
+/// in-cluster-style kubeconfig pointing at the unchanged VIP (the cloud address) works
+/// through the hub's TLS proxy, the cloud sees the pod's own token, and a kubelet-style
+/// client certificate is forwarded as the node identity.
+#[test]
+fn kubectl_through_the_intercepted_vip_keeps_its_own_identity() {
+    if !privileged::check("kubectl_through_the_intercepted_vip_keeps_its_own_identity") {
+        return;
+    }
+    let ns = Netns::new("k");
+    let cg = Cgroup::new("k");
+    let dir = hub_tests::TempDir::new("kp");
+    let cloud = "127.0.0.1:16443";
+    let mut cmd = ns.command(hub_tests::bin_dir().join("hub-apiserver"));
+    cmd.args([
+        "--listen",
+        cloud,
+        "--nodes",
+        "1",
+        "--pods-per-node",
+        "2",
+        "--hub-pki",
+        "test-node",
+        "--dir",
+    ])
+    .arg(dir.path());
+    let _standin = hub_tests::process::Proc::spawn_until_line(
+        cmd,
+        "hub-apiserver",
+        "ready",
+        Duration::from_secs(10),
+    );
+    let d = dir.path().display();
+    let hub = HubProc::start_yaml(Some(&ns), "127.0.0.1:10267", None, |pin, cache| {
+        format!(
+            "nodeName: test-node\ncloud:\n  servers: [\"https://{cloud}\"]\n  caFile: {d}/ca.crt\n  certFile: {d}/hub-node.crt\n  keyFile: {d}/hub-node.key\nintercept:\n  cgroupPath: {}\n  hubAddress: 127.0.0.1\n  vips: [\"{cloud}\"]\n  pinPath: {}\ntls:\n  certFile: {d}/hub-serving.crt\n  keyFile: {d}/hub-serving.key\n  clientCaFile: {d}/ca.crt\nlisten:\n  tlsProxy: 127.0.0.1:10268\ncache:\n  dir: {}\n",
+            cg.path().display(),
+            pin.display(),
+            cache.display()
+        )
+    });
+    assert_eq!(hub.status()["data_path"], "proxy");
+    // An in-cluster-style kubeconfig: the VIP, the cluster CA, the pod's token.
+    let kc = dir.path().join("pod.kubeconfig");
+    let ca_pem = std::fs::read_to_string(dir.path().join("ca.crt")).unwrap();
+    hub_tests::apiserver::write_kubeconfig(
+        &kc,
+        &format!("https://{cloud}"),
+        &ca_pem,
+        hub_tests::apiserver::Credentials::Token("pod-token"),
+    )
+    .unwrap();
+    let kubectl = |args: &[&str], stdin: Option<&str>| -> (bool, String, u32) {
+        let mut c = ns.command("kubectl");
+        c.args(args)
+            .env("KUBECONFIG", &kc)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        hub_tests::process::in_cgroup(&mut c, &cg.procs_file());
+        let mut child = c.spawn().unwrap();
+        let pid = child.id();
+        let mut input = child.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            use std::io::Write;
+            input.write_all(text.as_bytes()).unwrap();
+        }
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text, pid)
+    };
+    let (ok, pods, pid) = kubectl(&["get", "pods", "-o", "name"], None);
+    assert!(ok, "{pods}\n{}", hub.log());
+    assert_eq!(pods.lines().count(), 2, "{pods}");
+    // The cloud judged the pod's token, not the hub's node identity.
+    assert_eq!(
+        kubectl(&["auth", "can-i", "list", "pods"], None).1.trim(),
+        "yes"
+    );
+    assert!(
+        kubectl(&["auth", "can-i", "list", "secrets"], None)
+            .1
+            .starts_with("no")
+    );
+    let (ok, denied, _) = kubectl(&["get", "secrets"], None);
+    assert!(!ok && denied.contains("forbidden"), "{denied}");
+    let (ok, logs, _) = kubectl(&["logs", "pod-0-0"], None);
+    assert!(ok && logs.starts_with("pod-0-0/main line 1"), "{logs}");
+    let (ok, w, _) = kubectl(&["get", "pods", "-w", "--request-timeout=2s"], None);
+    assert!(w.contains("pod-0-1"), "watch output: {w} (ok={ok})");
+    // The connection was intercepted: the hub attributes it to kubectl's pid and cgroup.
+    let status = hub.status();
+    let rec = recent_for_pid(&status, u64::from(pid));
+    assert!(!rec.is_empty(), "{status}");
+    assert_eq!(rec[0]["original_dst"], cloud);
+    assert_eq!(rec[0]["cgroup_id"].as_u64(), Some(cg.id()));
+
+    // A kubelet-style client certificate through the VIP: forwarded as the node.
+    let mut curl = ns.command("curl");
+    curl.args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+        .arg(dir.path().join("ca.crt"))
+        .arg("--cert")
+        .arg(dir.path().join("kubelet.crt"))
+        .arg("--key")
+        .arg(dir.path().join("kubelet.key"))
+        .arg(format!("https://{cloud}/api/v1/namespaces/default/secrets"));
+    hub_tests::process::in_cgroup(&mut curl, &cg.procs_file());
+    assert_eq!(process::output(curl, "curl as kubelet"), "200");
 }

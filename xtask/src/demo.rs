@@ -117,7 +117,7 @@ pub fn run(pause: bool) -> Result<()> {
         r["ok"] == 20 && r["via_hub"] == 20,
         "20/20 pod connections relayed by the hub",
     )?;
-    let status = hub.status(&node);
+    let status = hub.status();
     let from_pod = status["recent"]
         .as_array()
         .map(|a| a.iter().filter(|c| c["pid"] == r["pid"]).count())

@@ -163,21 +163,18 @@ impl Proxy {
         let _ = builder.serve_connection_with_upgrades(io, service).await;
     }
 
-    /// Who the hub speaks as towards the cloud, or a 401 for a foreign client certificate.
-    fn identity(&self, req: &Request<Incoming>, conn: &Conn) -> Result<AsWho, Response<ProxyBody>> {
+    /// Who the hub speaks as towards the cloud; Err carries a foreign client
+    /// certificate's CN, which gets a 401.
+    fn identity(&self, req: &Request<Incoming>, conn: &Conn) -> Result<AsWho, String> {
         if req.headers().contains_key(header::AUTHORIZATION) {
             return Ok(AsWho::Caller);
         }
         if let Some((cn, _)) = &conn.cert {
-            let own = format!("system:node:{}", self.node_name);
-            if *cn == own {
-                return Ok(AsWho::Node);
-            }
-            return Err(status(
-                StatusCode::UNAUTHORIZED,
-                "Unauthorized",
-                &format!("hub: client certificate {cn:?} is not this node's identity ({own})"),
-            ));
+            return if *cn == format!("system:node:{}", self.node_name) {
+                Ok(AsWho::Node)
+            } else {
+                Err(cn.clone())
+            };
         }
         // Explicitly configured local clients on the plain listener act as the node, as
         // with YurtHub's 10261; anyone else without credentials stays anonymous.
@@ -202,7 +199,15 @@ impl Proxy {
         );
         let who = match self.identity(&req, conn) {
             Ok(w) => w,
-            Err(resp) => {
+            Err(cn) => {
+                let resp = status(
+                    StatusCode::UNAUTHORIZED,
+                    "Unauthorized",
+                    &format!(
+                        "hub: client certificate {cn:?} is not this node's identity (system:node:{})",
+                        self.node_name
+                    ),
+                );
                 self.record(Route::Cloud, &info, component, resp.status(), started);
                 return resp;
             }

@@ -69,7 +69,7 @@ fn set_mark(fd: i32, mark: u32) -> std::io::Result<()> {
 /// A connection to a cloud server: plain TCP (http://) or TLS (https://).
 pub enum Conn {
     Plain(TokioIo<TcpStream>),
-    Tls(TokioIo<TlsStream<TcpStream>>),
+    Tls(Box<TokioIo<TlsStream<TcpStream>>>),
 }
 
 impl Conn {
@@ -96,7 +96,7 @@ impl hyper::rt::Read for Conn {
     ) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Conn::Tls(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -109,19 +109,19 @@ impl hyper::rt::Write for Conn {
     ) -> Poll<std::io::Result<usize>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Conn::Tls(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_flush(cx),
-            Conn::Tls(s) => Pin::new(s).poll_flush(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Conn::Tls(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -166,7 +166,7 @@ impl MarkedConnector {
         .map_err(|_| {
             std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")
         })??;
-        Ok(Conn::Tls(TokioIo::new(tls)))
+        Ok(Conn::Tls(Box::new(TokioIo::new(tls))))
     }
 }
 

@@ -66,8 +66,19 @@ impl Default for Options {
     }
 }
 
+/// One authenticated request, as kube-apiserver's audit log would list it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEntry {
+    pub user: String,
+    pub method: String,
+    pub path: String,
+    /// The Authorization header was a bearer token (not a client certificate).
+    pub bearer: bool,
+}
+
 pub struct State {
     pub store: Store,
+    pub audit: Mutex<std::collections::VecDeque<AuditEntry>>,
     pub auth: RwLock<Auth>,
     pub faults: Faults,
     pub options: Options,
@@ -80,7 +91,7 @@ pub const ADMIN_TOKEN: &str = "hub-standin-admin-token";
 /// A running stand-in. Dropping it stops its runtime and every connection.
 pub struct StandIn {
     pub state: Arc<State>,
-    pub ca: TestCa,
+    pub ca: Arc<TestCa>,
     pub serving: Identity,
     pub addr: SocketAddr,
     runtime: Option<tokio::runtime::Runtime>,
@@ -90,8 +101,18 @@ pub struct StandIn {
 }
 
 impl StandIn {
-    /// Starts listening on `addr` (port 0 picks one) with its own runtime threads.
+    /// Starts listening on `addr` (port 0 picks one) with its own runtime threads and CA.
     pub fn start(addr: SocketAddr, options: Options) -> std::io::Result<StandIn> {
+        Self::start_with_ca(addr, options, Arc::new(TestCa::new("hub-standin-ca")))
+    }
+
+    /// Like [`StandIn::start`], with a CA shared with other stand-ins (several servers of
+    /// one cloud).
+    pub fn start_with_ca(
+        addr: SocketAddr,
+        options: Options,
+        ca: Arc<TestCa>,
+    ) -> std::io::Result<StandIn> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("standin")
@@ -99,7 +120,6 @@ impl StandIn {
             .build()?;
         let listener = runtime.block_on(TcpListener::bind(addr))?;
         let addr = listener.local_addr()?;
-        let ca = TestCa::new("hub-standin-ca");
         let mut sans: Vec<String> = vec![
             addr.ip().to_string(),
             "localhost".into(),
@@ -116,6 +136,7 @@ impl StandIn {
         auth.add_token(ADMIN_TOKEN, "admin", &["system:masters"]);
         let state = Arc::new(State {
             store: Store::new(options.history_limit),
+            audit: Mutex::new(std::collections::VecDeque::new()),
             auth: RwLock::new(auth),
             faults: Faults::default(),
             options,
@@ -139,6 +160,11 @@ impl StandIn {
 
     pub fn url(&self) -> String {
         self.state.url.clone()
+    }
+
+    /// The audit entries so far (oldest first).
+    pub fn audit(&self) -> Vec<AuditEntry> {
+        self.state.audit.lock().unwrap().iter().cloned().collect()
     }
 
     fn spawn_accept(&self, listener: TcpListener) {
@@ -333,6 +359,21 @@ async fn route(
             None,
         );
     };
+    {
+        let mut audit = state.audit.lock().unwrap();
+        if audit.len() == 10_000 {
+            audit.pop_front();
+        }
+        audit.push_back(AuditEntry {
+            user: user.name.clone(),
+            method: req.method().to_string(),
+            path: req
+                .uri()
+                .path_and_query()
+                .map_or(path.clone(), |p| p.to_string()),
+            bearer: bearer.is_some(),
+        });
+    }
     if let Some(resp) = misc(&path) {
         return resp;
     }

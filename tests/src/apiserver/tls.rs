@@ -133,6 +133,52 @@ impl TestCa {
     }
 }
 
+/// Files a hub needs to sit in front of a cloud whose CA is `ca`.
+pub struct HubPki {
+    pub ca: std::path::PathBuf,
+    /// The hub's serving certificate (SANs: loopback, the default hub address, the
+    /// in-cluster names) and key.
+    pub serving: (std::path::PathBuf, std::path::PathBuf),
+    /// The node identity the hub presents to the cloud: CN system:node:<node>.
+    pub node: (std::path::PathBuf, std::path::PathBuf),
+    /// A kubelet-style client certificate for clients of the hub (same CN).
+    pub kubelet: Identity,
+}
+
+impl TestCa {
+    pub fn write_hub_pki(
+        &self,
+        dir: &Path,
+        node_name: &str,
+        extra_sans: &[&str],
+    ) -> std::io::Result<HubPki> {
+        let ca = dir.join("ca.crt");
+        std::fs::write(&ca, self.cert_pem())?;
+        let mut sans = vec![
+            "127.0.0.1",
+            "::1",
+            "localhost",
+            "169.254.2.1",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ];
+        sans.extend_from_slice(extra_sans);
+        let serving = self.server(&sans).write(dir, "hub-serving")?;
+        let user = format!("system:node:{node_name}");
+        let node = self
+            .client(&user, Some("system:nodes"))
+            .write(dir, "hub-node")?;
+        Ok(HubPki {
+            ca,
+            serving,
+            node,
+            kubelet: self.client(&user, Some("system:nodes")),
+        })
+    }
+}
+
 /// (CN, [O...]) of a DER certificate's subject (the hub's own reader: the stand-in reads
 /// client certificates the way the hub does, and kube-apiserver before both).
 pub use hub::x509::subject_cn_and_orgs;

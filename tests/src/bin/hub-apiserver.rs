@@ -4,10 +4,14 @@
 //!                 [--services K] [--history EVENTS] [--bookmark-ms MS] [--san NAME]...
 //!
 //! Writes DIR/ca.crt and DIR/admin.kubeconfig (admin token), seeds the store, prints
-//! "ready" and serves until SIGTERM or SIGINT.
+//! "ready" and serves until SIGTERM or SIGINT. With --hub-pki NODE it also writes what a
+//! hub in front of it needs (hub-serving.crt/key, hub-node.crt/key for system:node:NODE,
+//! kubelet.crt/key for a kubelet-style client) and accepts two test identities:
+//! token `pod-token` (user system:serviceaccount:default:app, may get/list/watch pods and
+//! configmaps in default) and the group system:nodes (may do anything).
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use hub_tests::apiserver::{Options, StandIn, seed};
+use hub_tests::apiserver::{Options, StandIn, auth::Rule, seed};
 
 fn arg<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     args.windows(2)
@@ -73,6 +77,28 @@ fn main() {
     standin
         .write_kubeconfig(&dir.join("admin.kubeconfig"), None)
         .expect("write kubeconfig");
+    if let Some(node) = arg(&args, "--hub-pki") {
+        let pki = standin
+            .ca
+            .write_hub_pki(&dir, node, &[])
+            .expect("write hub PKI");
+        pki.kubelet
+            .write(&dir, "kubelet")
+            .expect("write kubelet cert");
+        let mut auth = standin.state.auth.write().unwrap();
+        auth.add_token(
+            "pod-token",
+            "system:serviceaccount:default:app",
+            &["system:serviceaccounts"],
+        );
+        auth.allow(Rule::new(
+            "system:serviceaccount:default:app",
+            &["get", "list", "watch"],
+            &["pods", "pods/log", "configmaps"],
+            &["default"],
+        ));
+        auth.allow(Rule::new("system:nodes", &["*"], &["*"], &["*"]));
+    }
     println!("ready");
     // Serve until told to stop.
     let mut sig = 0;

@@ -1,0 +1,518 @@
+//! Issue 5: the L7 proxy in front of the API stand-in (interception off, so these run in
+//! the test's own namespace on loopback ports): identities, HTTP/1.1 and HTTP/2, streaming
+//! watches, task hygiene, failover between cloud servers, bad input, and the routes.
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpStream},
+    process::Command,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use hub_tests::{
+    TempDir,
+    apiserver::{
+        ADMIN_TOKEN, Options, StandIn,
+        auth::Rule,
+        client::Client,
+        seed,
+        tls::{HubPki, TestCa},
+    },
+    hub::HubProc,
+    ports::free_port,
+    wait_for,
+};
+use serde_json::{Value, json};
+
+const NODE: &str = "test-node";
+
+struct Setup {
+    clouds: Vec<StandIn>,
+    hub: HubProc,
+    pki: HubPki,
+    tls_addr: SocketAddr,
+    plain_addr: SocketAddr,
+    ca: Arc<TestCa>,
+    _dir: TempDir,
+}
+
+fn setup(n_clouds: usize) -> Setup {
+    let ca = Arc::new(TestCa::new("cloud-ca"));
+    let clouds: Vec<StandIn> = (0..n_clouds)
+        .map(|_| {
+            let s = StandIn::start_with_ca(
+                "127.0.0.1:0".parse().unwrap(),
+                Options::default(),
+                ca.clone(),
+            )
+            .unwrap();
+            {
+                let mut auth = s.state.auth.write().unwrap();
+                auth.add_token(
+                    "pod-token",
+                    "system:serviceaccount:default:app",
+                    &["system:serviceaccounts"],
+                );
+                auth.allow(Rule::new(
+                    "system:serviceaccount:default:app",
+                    &["get", "list", "watch"],
+                    &["pods", "configmaps"],
+                    &["default"],
+                ));
+                auth.allow(Rule::new("system:nodes", &["*"], &["*"], &["*"]));
+            }
+            seed::cluster(&s.state.store, 2, 3);
+            s
+        })
+        .collect();
+    let dir = TempDir::new("px");
+    let pki = ca.write_hub_pki(dir.path(), NODE, &[]).unwrap();
+    let (tls_port, plain_port, admin_port) = (free_port(), free_port(), free_port());
+    let servers: Vec<String> = clouds.iter().map(|c| format!("\"{}\"", c.url())).collect();
+    let admin = format!("127.0.0.1:{admin_port}");
+    let hub = HubProc::start_yaml(None, &admin, None, |_, cache| {
+        format!(
+            "nodeName: {NODE}\ncloud:\n  servers: [{}]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\n  clientCaFile: {}\ncache:\n  dir: {}\n",
+            servers.join(", "),
+            pki.ca.display(),
+            pki.node.0.display(),
+            pki.node.1.display(),
+            pki.serving.0.display(),
+            pki.serving.1.display(),
+            pki.ca.display(),
+            cache.display()
+        )
+    });
+    Setup {
+        clouds,
+        hub,
+        pki,
+        tls_addr: format!("127.0.0.1:{tls_port}").parse().unwrap(),
+        plain_addr: format!("127.0.0.1:{plain_port}").parse().unwrap(),
+        ca,
+        _dir: dir,
+    }
+}
+
+impl Setup {
+    fn client(&self, token: Option<&str>, kubelet: bool) -> Client {
+        Client::new(
+            self.tls_addr,
+            self.ca.cert_der(),
+            token,
+            kubelet.then_some(&self.pki.kubelet),
+        )
+    }
+}
+
+#[test]
+fn identities_are_forwarded_as_the_issue_says() {
+    let s = setup(1);
+    let cloud = &s.clouds[0];
+
+    // A pod's bearer token is what the cloud sees, and the cloud's answers (200, 403) come back.
+    let pod = s.client(Some("pod-token"), false);
+    assert_eq!(pod.get("/api/v1/namespaces/default/pods").status, 200);
+    let denied = pod.get("/api/v1/namespaces/default/secrets");
+    assert_eq!(
+        denied.status,
+        403,
+        "{}",
+        String::from_utf8_lossy(&denied.body)
+    );
+    let audit = cloud.audit();
+    let seen = audit
+        .iter()
+        .rev()
+        .find(|a| a.path.starts_with("/api/v1/namespaces/default/pods"))
+        .unwrap();
+    assert_eq!(
+        (seen.user.as_str(), seen.bearer),
+        ("system:serviceaccount:default:app", true)
+    );
+
+    // A kubelet-style client certificate is forwarded as the node identity.
+    let kubelet = s.client(None, true);
+    assert_eq!(kubelet.get("/api/v1/nodes").status, 200);
+    let seen = cloud
+        .audit()
+        .into_iter()
+        .rev()
+        .find(|a| a.path == "/api/v1/nodes")
+        .unwrap();
+    assert_eq!(
+        (seen.user.as_str(), seen.bearer),
+        ("system:node:test-node", false)
+    );
+
+    // Another identity signed by the same CA is refused by the hub itself.
+    let other =
+        s.ca.client("system:node:someone-else", Some("system:nodes"));
+    let r = Client::new(s.tls_addr, s.ca.cert_der(), None, Some(&other)).get("/api/v1/nodes");
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["kind"], "Status");
+    // ... and a certificate from an unknown CA does not get past TLS.
+    let foreign = TestCa::new("foreign").client("system:node:test-node", None);
+    assert!(
+        Client::new(s.tls_addr, s.ca.cert_der(), None, Some(&foreign))
+            .request("GET", "/api/v1/nodes", &[], &[])
+            .is_err()
+    );
+
+    // The plain explicit listener speaks as the node for clients without credentials.
+    let mut tcp = TcpStream::connect(s.plain_addr).unwrap();
+    tcp.write_all(b"GET /api/v1/nodes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    tcp.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let seen = cloud
+        .audit()
+        .into_iter()
+        .rev()
+        .find(|a| a.path == "/api/v1/nodes")
+        .unwrap();
+    assert!(!seen.bearer && seen.user == "system:node:test-node");
+}
+
+#[test]
+fn kubectl_over_http2_and_a_client_over_http11() {
+    let s = setup(1);
+    let dir = TempDir::new("kc");
+    let kc = dir.path().join("kubeconfig");
+    hub_tests::apiserver::write_kubeconfig(
+        &kc,
+        &format!("https://{}", s.tls_addr),
+        &s.ca.cert_pem(),
+        hub_tests::apiserver::Credentials::Token(ADMIN_TOKEN),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", &kc)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(run(&["get", "pods", "-o", "name"]).lines().count(), 6);
+    assert!(run(&["api-resources"]).contains("endpointslices"));
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: through-hub\ndata:\n  k: v\n";
+    let mut apply = Command::new("kubectl")
+        .args(["apply", "-f", "-"])
+        .env("KUBECONFIG", &kc)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    apply
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(cm.as_bytes())
+        .unwrap();
+    assert!(apply.wait().unwrap().success());
+    assert_eq!(
+        run(&["logs", "pod-0-0"]).lines().next(),
+        Some("pod-0-0/main line 1")
+    );
+    // exec with stdin: an upgrade spliced through the hub both ways.
+    let mut exec = Command::new("kubectl")
+        .args(["exec", "-i", "pod-0-0", "--", "cat"])
+        .env("KUBECONFIG", &kc)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    exec.stdin
+        .take()
+        .unwrap()
+        .write_all(b"through the hub\n")
+        .unwrap();
+    let out = exec.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "through the hub\n");
+    // kubectl spoke HTTP/2 to the hub (it prefers h2 when offered).
+    let http2 = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_version}",
+            "--http2",
+            "--cacert",
+        ])
+        .arg(&s.pki.ca)
+        .args([
+            "-H",
+            &format!("Authorization: Bearer {ADMIN_TOKEN}"),
+            &format!("https://{}/api/v1/pods", s.tls_addr),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&http2.stdout), "2");
+    let c = s.client(Some(ADMIN_TOKEN), false);
+    assert_eq!(
+        c.get("/api/v1/namespaces/default/configmaps/through-hub")
+            .json()["data"]["k"],
+        "v"
+    );
+}
+
+#[test]
+fn a_10k_event_watch_arrives_complete_and_in_order() {
+    let s = setup(1);
+    let c = s.client(Some(ADMIN_TOKEN), false);
+    let rv = s.clouds[0].state.store.current_rv();
+    let mut w = c.stream(&format!(
+        "/api/v1/namespaces/default/configmaps?watch=true&resourceVersion={rv}"
+    ));
+    assert_eq!(w.status, 200);
+    let store = &s.clouds[0].state.store;
+    for i in 0..10_000 {
+        seed::configmap(
+            store,
+            "default",
+            &format!("cm-{i}"),
+            json!({"i": i.to_string()}),
+        );
+    }
+    let mut last = rv;
+    for i in 0..10_000 {
+        let ev = w
+            .next_event(Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("event {i} missing"));
+        assert_eq!(ev["type"], "ADDED");
+        let this: u64 = ev["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(this > last, "out of order at {i}");
+        assert_eq!(ev["object"]["metadata"]["name"], format!("cm-{i}"));
+        last = this;
+    }
+}
+
+#[test]
+fn disconnected_watches_leave_no_tasks_behind() {
+    let s = setup(1);
+    let tasks = || s.hub.status()["tasks"].as_u64().unwrap();
+    let c = s.client(Some(ADMIN_TOKEN), false);
+    // Warm up pools, then take the baseline.
+    for _ in 0..3 {
+        let mut w = c.stream("/api/v1/namespaces/default/pods?watch=true&resourceVersion=0");
+        let _ = w.next_event(Duration::from_secs(5));
+    }
+    let baseline = wait_for("a quiet hub", Duration::from_secs(10), || {
+        let a = tasks();
+        std::thread::sleep(Duration::from_millis(200));
+        (a == tasks()).then_some(a)
+    });
+    std::thread::scope(|scope| {
+        for _ in 0..10 {
+            scope.spawn(|| {
+                let c = s.client(Some(ADMIN_TOKEN), false);
+                for _ in 0..100 {
+                    let mut w =
+                        c.stream("/api/v1/namespaces/default/pods?watch=true&resourceVersion=0");
+                    assert!(w.next_event(Duration::from_secs(5)).is_some());
+                    // Dropping the stream closes the client connection mid-watch.
+                }
+            });
+        }
+    });
+    let after = wait_for(
+        "the task count back at its baseline",
+        Duration::from_secs(20),
+        || {
+            let t = tasks();
+            (t <= baseline).then_some(t)
+        },
+    );
+    assert!(
+        after <= baseline,
+        "{after} tasks after 1000 watches, baseline {baseline}"
+    );
+    assert_eq!(s.hub.status()["open_streams"], 0);
+}
+
+#[test]
+fn failover_between_two_cloud_servers_within_a_second() {
+    let s = setup(2);
+    let c = s.client(Some(ADMIN_TOKEN), false);
+    let healthy = |i: usize| s.hub.status()["cloud"][i]["healthy"].as_bool().unwrap();
+    wait_for("both servers healthy", Duration::from_secs(5), || {
+        (healthy(0) && healthy(1)).then_some(())
+    });
+    s.clouds[0].stop_listening();
+    let killed = Instant::now();
+    let (mut failures, mut requests) = (0, 0);
+    let mut unhealthy_after = None;
+    while killed.elapsed() < Duration::from_secs(2) {
+        let r = c.request("GET", "/api/v1/namespaces/default/pods", &[], &[]);
+        requests += 1;
+        if !matches!(&r, Ok(r) if r.status == 200) {
+            failures += 1;
+        }
+        if unhealthy_after.is_none() && !healthy(0) {
+            unhealthy_after = Some(killed.elapsed());
+        }
+    }
+    assert!(
+        failures <= 1,
+        "{failures} of {requests} requests failed during failover"
+    );
+    let detected = unhealthy_after.expect("server 0 marked unhealthy");
+    assert!(
+        detected <= Duration::from_millis(1500),
+        "detected after {detected:?}"
+    );
+    eprintln!(
+        "failover: {requests} requests, {failures} failed, server marked unhealthy after {detected:?}"
+    );
+    s.clouds[0].start_listening().unwrap();
+    wait_for("server 0 healthy again", Duration::from_secs(5), || {
+        healthy(0).then_some(())
+    });
+    let text = Command::new(hub_tests::hub_bin())
+        .args(["status", "--admin", &s.hub.admin])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("2/2 servers healthy"), "{text}");
+}
+
+#[test]
+fn with_the_cloud_down_reads_get_a_503_naming_the_route() {
+    let s = setup(1);
+    let c = s.client(Some(ADMIN_TOKEN), false);
+    assert_eq!(c.get("/api/v1/pods").status, 200);
+    s.clouds[0].stop_listening();
+    let r = wait_for("the cloud marked unhealthy", Duration::from_secs(3), || {
+        let r = c.get("/api/v1/pods");
+        (r.status == 503
+            && r.json()["message"]
+                .as_str()
+                .unwrap()
+                .contains("local-cache"))
+        .then_some(r)
+    });
+    assert_eq!(r.json()["kind"], "Status");
+    // Writes and exec go to the cloud only, and say so.
+    let w = c.send_json(
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        &json!({"metadata": {"name": "x"}}),
+    );
+    assert_eq!(w.status, 503);
+    assert!(
+        w.json()["message"].as_str().unwrap().contains("cloud"),
+        "{}",
+        w.json()
+    );
+    let metrics = reqwest_free_get(&s.hub.admin, "/metrics");
+    assert!(
+        metrics
+            .contains("hub_proxy_requests_total{route=\"local-cache\",verb=\"list\",code=\"503\""),
+        "{metrics}"
+    );
+    assert!(metrics.contains("hub_upstream_healthy{server="));
+}
+
+fn reqwest_free_get(addr: &str, path: &str) -> String {
+    let mut tcp = TcpStream::connect(addr).unwrap();
+    tcp.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let mut s = String::new();
+    tcp.read_to_string(&mut s).unwrap();
+    s
+}
+
+#[test]
+fn bad_input_gets_clear_errors_and_the_hub_stays_up() {
+    let s = setup(1);
+    let c = s.client(Some(ADMIN_TOKEN), false);
+    // Garbage instead of a TLS handshake, and an HTTP request that never ends (slowloris).
+    let mut junk = TcpStream::connect(s.tls_addr).unwrap();
+    junk.write_all(b"\x16\x03\x01\xff\xffnot really tls")
+        .unwrap();
+    let slow: Vec<TcpStream> = (0..100)
+        .map(|_| TcpStream::connect(s.plain_addr).unwrap())
+        .collect();
+    for mut t in &slow {
+        t.write_all(b"GET /api/v1/pods HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+    }
+    // Oversized headers: refused with 431, not a crash.
+    let big = "a".repeat(100 * 1024);
+    let mut tcp = TcpStream::connect(s.plain_addr).unwrap();
+    tcp.write_all(
+        format!("GET /api/v1/pods HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    let _ = tcp.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+        "{answer}"
+    );
+    // Malformed request line.
+    let mut tcp = TcpStream::connect(s.plain_addr).unwrap();
+    tcp.write_all(b"NOT HTTP AT ALL\r\n\r\n").unwrap();
+    let mut answer = Vec::new();
+    let _ = tcp.read_to_end(&mut answer);
+    assert!(answer.is_empty() || answer.starts_with(b"HTTP/1.1 400"));
+    // An oversized body is refused before it reaches the cloud.
+    let r = c
+        .request(
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            &[("Content-Type", "application/json")],
+            &vec![b' '; 4 * 1024 * 1024],
+        )
+        .unwrap();
+    assert_eq!(r.status, 413);
+    assert_eq!(r.json()["kind"], "Status");
+    // Through all that, normal service continues.
+    assert_eq!(c.get("/api/v1/pods").status, 200);
+    drop(slow);
+}
+
+#[test]
+fn an_upstream_that_sends_garbage_gets_a_clear_error() {
+    // A "cloud" that answers every connection with junk.
+    let junk = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let junk_addr = junk.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut conn in junk.incoming().flatten().take(200) {
+            let _ = conn.write_all(b"this is not HTTP\r\n\r\n");
+        }
+    });
+    let (plain_port, admin_port) = (free_port(), free_port());
+    let admin = format!("127.0.0.1:{admin_port}");
+    let hub = HubProc::start_yaml(None, &admin, None, |_, cache| {
+        format!(
+            "nodeName: {NODE}\ncloud:\n  servers: [\"http://{junk_addr}\"]\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  admin: {admin}\ncache:\n  dir: {}\n",
+            cache.display()
+        )
+    });
+    let mut tcp = TcpStream::connect(("127.0.0.1", plain_port)).unwrap();
+    tcp.write_all(b"GET /api/v1/pods HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    tcp.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+    let status: Value = serde_json::from_str(body.trim()).unwrap();
+    assert_eq!(status["kind"], "Status");
+    assert!(hub.try_status().is_some(), "the hub is still up");
+}
