@@ -13,7 +13,8 @@ use serde_json::Value;
 pub fn run(what: &str, rounds: usize) -> Result<()> {
     match what {
         "intercept" => intercept(rounds),
-        other => bail!("unknown benchmark `{other}` (available: intercept)"),
+        "proxy" => crate::bench_proxy::proxy(rounds),
+        other => bail!("unknown benchmark `{other}` (available: intercept, proxy)"),
     }
 }
 
@@ -73,7 +74,7 @@ fn intercept(rounds: usize) -> Result<()> {
     Ok(())
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
+pub fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()

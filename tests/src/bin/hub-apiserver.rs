@@ -1,7 +1,7 @@
 //! The Kubernetes API stand-in as a process, for the demo, benchmarks and manual use.
 //!
 //!   hub-apiserver --listen 127.0.0.1:6443 --dir DIR [--nodes N] [--pods-per-node M]
-//!                 [--services K] [--history EVENTS] [--bookmark-ms MS] [--san NAME]...
+//!                 [--services K] [--configmaps C] [--configmaps C] [--history EVENTS] [--bookmark-ms MS] [--san NAME]...
 //!
 //! Writes DIR/ca.crt and DIR/admin.kubeconfig (admin token), seeds the store, prints
 //! "ready" and serves until SIGTERM or SIGINT. With --hub-pki NODE it also writes what a
@@ -32,7 +32,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "usage: hub-apiserver --listen ADDR --dir DIR [--nodes N] [--pods-per-node M] [--services K] [--history EVENTS] [--bookmark-ms MS] [--san NAME]..."
+            "usage: hub-apiserver --listen ADDR --dir DIR [--nodes N] [--pods-per-node M] [--services K] [--configmaps C] [--history EVENTS] [--bookmark-ms MS] [--san NAME]..."
         );
         return;
     }
@@ -69,6 +69,14 @@ fn main() {
         num(&args, "--nodes", 0),
         num(&args, "--pods-per-node", 0),
     );
+    for i in 0..num(&args, "--configmaps", 0) {
+        seed::configmap(
+            store,
+            "default",
+            &format!("cm-{i}"),
+            serde_json::json!({"i": i.to_string()}),
+        );
+    }
     for i in 0..num(&args, "--services", 0) {
         seed::service(store, "default", &format!("svc-{i}"), 80);
     }
