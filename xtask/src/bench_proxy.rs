@@ -83,8 +83,7 @@ pub fn proxy(rounds: usize) -> Result<()> {
     let admin = format!("127.0.0.1:{admin_port}");
     let hub = HubProc::start_yaml(None, &admin, None, |_, cache| {
         format!(
-            "nodeName: bench-node\ncloud:\n  servers: [\"{}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\ncache:\n  dir: {}\n",
-            format!("https://127.0.0.1:{cloud_port}"),
+            "nodeName: bench-node\ncloud:\n  servers: [\"https://127.0.0.1:{cloud_port}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\ncache:\n  dir: {}\n",
             p("ca.crt").display(),
             p("hub-node.crt").display(),
             p("hub-node.key").display(),
