@@ -162,7 +162,27 @@ impl HubProc {
         serde_json::from_str(&process::output(c, "hub bpf status")).expect("bpf status json")
     }
 
+    /// Removes what a hub that died without cleaning up (kill -9) left: its pins.
+    fn uninstall_leftovers(&self) {
+        if !self.pin_path.exists() {
+            return;
+        }
+        let mut c = match &self.ns {
+            Some(h) => h.command(hub_bin()),
+            None => Command::new(hub_bin()),
+        };
+        c.args(["uninstall", "--pin-path"]).arg(&self.pin_path);
+        let _ = c.output();
+    }
+
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+}
+
+impl Drop for HubProc {
+    fn drop(&mut self) {
+        self.proc.terminate(Duration::from_secs(5));
+        self.uninstall_leftovers();
     }
 }

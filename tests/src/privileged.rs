@@ -12,7 +12,8 @@ fn record(line: &str) {
             .append(true)
             .open(path)
     {
-        let _ = writeln!(f, "{line}");
+        // One write per line: tests run in parallel threads and append to the same file.
+        let _ = f.write_all(format!("{line}\n").as_bytes());
     }
 }
 

@@ -204,7 +204,26 @@ impl Cloud {
                 break;
             };
             tried += 1;
-            match tokio::time::timeout(HEADER_TIMEOUT, pool.request(req)).await {
+            // Waiting for headers ends early if the server is found dead meanwhile (by the
+            // probe or other requests): the client then gets the next route at once instead
+            // of a 60 s hang.
+            let was_healthy = server.health.is_healthy();
+            let abandoned = async {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    if was_healthy && !server.health.is_healthy() {
+                        return;
+                    }
+                }
+            };
+            let answer = tokio::select! {
+                r = tokio::time::timeout(HEADER_TIMEOUT, pool.request(req)) => r,
+                () = abandoned => {
+                    last = format!("{}: marked unhealthy while waiting for its answer", server.url.authority());
+                    continue;
+                }
+            };
+            match answer {
                 Ok(Ok(resp)) => {
                     if matches!(resp.status().as_u16(), 502..=504) {
                         server

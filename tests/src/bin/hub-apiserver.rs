@@ -7,8 +7,8 @@
 //! "ready" and serves until SIGTERM or SIGINT. With --hub-pki NODE it also writes what a
 //! hub in front of it needs (hub-serving.crt/key, hub-node.crt/key for system:node:NODE,
 //! kubelet.crt/key for a kubelet-style client) and accepts two test identities:
-//! token `pod-token` (user system:serviceaccount:default:app, may get/list/watch pods and
-//! configmaps in default) and the group system:nodes (may do anything).
+//! token `pod-token` (user system:serviceaccount:default:app, may get/list/watch pods, logs,
+//! configmaps, services, endpoints and endpointslices in default) and the group system:nodes (may do anything).
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use hub_tests::apiserver::{Options, StandIn, auth::Rule, seed};
@@ -64,6 +64,7 @@ fn main() {
         std::process::exit(1)
     });
     let store = &standin.state.store;
+    let listen_ip = listen.ip().to_string();
     seed::cluster(
         store,
         num(&args, "--nodes", 0),
@@ -86,9 +87,16 @@ fn main() {
         .write_kubeconfig(&dir.join("admin.kubeconfig"), None)
         .expect("write kubeconfig");
     if let Some(node) = arg(&args, "--hub-pki") {
+        // The hub answers for the same names and addresses as this server.
+        let sans: Vec<&str> = args
+            .windows(2)
+            .filter(|w| w[0] == "--san")
+            .map(|w| w[1].as_str())
+            .chain([listen_ip.as_str()])
+            .collect();
         let pki = standin
             .ca
-            .write_hub_pki(&dir, node, &[])
+            .write_hub_pki(&dir, node, &sans)
             .expect("write hub PKI");
         pki.kubelet
             .write(&dir, "kubelet")
@@ -102,7 +110,14 @@ fn main() {
         auth.allow(Rule::new(
             "system:serviceaccount:default:app",
             &["get", "list", "watch"],
-            &["pods", "pods/log", "configmaps"],
+            &[
+                "pods",
+                "pods/log",
+                "configmaps",
+                "services",
+                "endpoints",
+                "endpointslices",
+            ],
             &["default"],
         ));
         auth.allow(Rule::new("system:nodes", &["*"], &["*"], &["*"]));
