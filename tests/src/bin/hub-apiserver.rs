@@ -8,7 +8,8 @@
 //! hub in front of it needs (hub-serving.crt/key, hub-node.crt/key for system:node:NODE,
 //! kubelet.crt/key for a kubelet-style client) and accepts two test identities:
 //! token `pod-token` (user system:serviceaccount:default:app, may get/list/watch pods, logs,
-//! configmaps, services, endpoints and endpointslices in default) and the group system:nodes (may do anything).
+//! configmaps, services, endpoints and endpointslices in default, write configmaps
+//! and exec into pods there) and the group system:nodes (may do anything).
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use hub_tests::apiserver::{Options, StandIn, auth::Rule, seed};
@@ -118,6 +119,12 @@ fn main() {
                 "endpoints",
                 "endpointslices",
             ],
+            &["default"],
+        ));
+        auth.allow(Rule::new(
+            "system:serviceaccount:default:app",
+            &["create", "update", "patch"],
+            &["configmaps", "pods/exec"],
             &["default"],
         ));
         auth.allow(Rule::new("system:nodes", &["*"], &["*"], &["*"]));
