@@ -20,6 +20,9 @@ use crate::{
     },
 };
 
+/// How often certificate files are checked for rotation.
+const CERT_RELOAD: Duration = Duration::from_secs(5);
+
 /// How long in-flight connections get to finish after SIGTERM.
 const DRAIN: Duration = Duration::from_secs(5);
 
@@ -82,7 +85,18 @@ fn cloud_from_config(config: &Config) -> Result<Cloud, DaemonError> {
         }
         None => rustls::RootCertStore::empty(),
     };
-    let node: Option<ClientIdentity> = match (&config.cloud.cert_file, &config.cloud.key_file) {
+    let node = node_identity(config, &kube)?;
+    Cloud::new(&servers, roots, node.as_ref(), config.intercept.bypass_mark)
+        .map_err(DaemonError::Config)
+}
+
+/// The node's client identity: cloud.certFile/keyFile, else the kubeconfig's client cert.
+fn node_identity(
+    config: &Config,
+    kube: &identity::KubeconfigParts,
+) -> Result<Option<ClientIdentity>, DaemonError> {
+    let err = |e: identity::IdentityError| DaemonError::Config(e.to_string());
+    Ok(match (&config.cloud.cert_file, &config.cloud.key_file) {
         (Some(c), Some(k)) => Some(
             identity::identity_from_pem(
                 &identity::read(c).map_err(err)?,
@@ -97,9 +111,51 @@ fn cloud_from_config(config: &Config) -> Result<Cloud, DaemonError> {
             ),
             _ => None,
         },
-    };
-    Cloud::new(&servers, roots, node.as_ref(), config.intercept.bypass_mark)
-        .map_err(DaemonError::Config)
+    })
+}
+
+/// Re-reads the node identity every `every` and swaps it in when it changed (kubelet and
+/// cert-manager rotate these files in place); a broken pair keeps the current one.
+async fn watch_node_identity(
+    config: Arc<Config>,
+    cloud: Arc<Cloud>,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut current = None;
+    loop {
+        let kube = match config
+            .cloud
+            .kubeconfig
+            .as_deref()
+            .map(identity::read_kubeconfig)
+            .transpose()
+        {
+            Ok(k) => k.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!("kubeconfig: {e}");
+                identity::KubeconfigParts::default()
+            }
+        };
+        match node_identity(&config, &kube) {
+            Ok(Some(id)) => {
+                let leaf = id.chain.first().cloned();
+                if current.is_some() && current != leaf {
+                    match cloud.set_node_identity(&id) {
+                        Ok(()) => tracing::info!("node client certificate reloaded"),
+                        Err(e) => tracing::warn!("keeping the current node certificate: {e}"),
+                    }
+                }
+                current = leaf;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!("keeping the current node certificate: {e}"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
 }
 
 /// The TLS acceptor for the hub's listeners, if a serving certificate is configured.
@@ -136,6 +192,12 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
     let cloud = Arc::new(cloud_from_config(&config)?);
     state.set_cloud(cloud.clone());
     tokio::spawn(cloud.clone().probe_forever(stop_rx.clone()));
+    tokio::spawn(watch_node_identity(
+        config.clone(),
+        cloud.clone(),
+        CERT_RELOAD,
+        stop_rx.clone(),
+    ));
     let tls = serving_tls(&config, &stop_rx)?;
     state.set_data_path(if tls.is_some() {
         DataPath::Proxy

@@ -408,7 +408,10 @@ fn kubectl_through_the_intercepted_vip_keeps_its_own_identity() {
     let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: via-vip\ndata:\n  k: v\n";
     let (ok, applied, _) = kubectl(&["apply", "-f", "-"], Some(cm));
     assert!(ok && applied.contains("created"), "{applied}");
-    let (ok, echoed, _) = kubectl(&["exec", "-i", "pod-0-0", "--", "cat"], Some("exec via the VIP\n"));
+    let (ok, echoed, _) = kubectl(
+        &["exec", "-i", "pod-0-0", "--", "cat"],
+        Some("exec via the VIP\n"),
+    );
     assert!(ok && echoed.contains("exec via the VIP"), "{echoed}");
     let (ok, w, _) = kubectl(&["get", "pods", "-w", "--request-timeout=2s"], None);
     assert!(w.contains("pod-0-1"), "watch output: {w} (ok={ok})");

@@ -516,3 +516,58 @@ fn an_upstream_that_sends_garbage_gets_a_clear_error() {
     assert_eq!(status["kind"], "Status");
     assert!(hub.try_status().is_some(), "the hub is still up");
 }
+
+#[test]
+fn certificates_rotate_without_dropping_connections() {
+    let s = setup(1);
+    let c = s.client(Some(ADMIN_TOKEN), false);
+    let before = c.peer_certificate().unwrap();
+    let rv = s.clouds[0].state.store.current_rv();
+    let mut w = c.stream(&format!(
+        "/api/v1/namespaces/default/configmaps?watch=true&resourceVersion={rv}"
+    ));
+
+    // Rotate the serving certificate in place; new handshakes get it, the watch lives on.
+    let fresh = s.ca.server(&["127.0.0.1", "localhost"]);
+    std::fs::write(&s.pki.serving.1, &fresh.key_pem).unwrap();
+    std::fs::write(&s.pki.serving.0, &fresh.cert_pem).unwrap();
+    wait_for(
+        "the new serving certificate",
+        Duration::from_secs(15),
+        || {
+            let now = c.peer_certificate().ok()?;
+            (now != before).then_some(())
+        },
+    );
+    assert_eq!(c.peer_certificate().unwrap(), fresh.cert_der);
+    seed::configmap(
+        &s.clouds[0].state.store,
+        "default",
+        "after-rotation",
+        json!({}),
+    );
+    let ev = w
+        .next_event(Duration::from_secs(5))
+        .expect("the open watch survived the rotation");
+    assert_eq!(ev["object"]["metadata"]["name"], "after-rotation");
+
+    // Rotate the node identity: kubelet-style requests go out with the new certificate.
+    let rotated =
+        s.ca.client("system:node:rotated-cert", Some("system:nodes"));
+    std::fs::write(&s.pki.node.1, &rotated.key_pem).unwrap();
+    std::fs::write(&s.pki.node.0, &rotated.cert_pem).unwrap();
+    let kubelet = s.client(None, true);
+    wait_for(
+        "the cloud to see the rotated node certificate",
+        Duration::from_secs(15),
+        || {
+            assert_eq!(kubelet.get("/api/v1/nodes").status, 200);
+            let seen = s.clouds[0]
+                .audit()
+                .into_iter()
+                .rev()
+                .find(|a| a.path == "/api/v1/nodes")?;
+            (seen.user == "system:node:rotated-cert").then_some(())
+        },
+    );
+}

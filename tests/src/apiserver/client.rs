@@ -165,6 +165,21 @@ impl Client {
         Ok((status, headers))
     }
 
+    /// The leaf certificate the server presents on a fresh connection.
+    pub fn peer_certificate(&self) -> std::io::Result<rustls::pki_types::CertificateDer<'static>> {
+        self.rt.block_on(async {
+            let tcp = TcpStream::connect(self.addr).await?;
+            let tls = tokio_rustls::TlsConnector::from(self.config.clone())
+                .connect(ServerName::from(self.addr.ip()), tcp)
+                .await?;
+            tls.get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first().cloned())
+                .ok_or_else(|| std::io::Error::other("no peer certificate"))
+        })
+    }
+
     pub fn request(
         &self,
         method: &str,
