@@ -8,7 +8,7 @@ use std::{
 use tokio::{net::TcpListener, sync::watch};
 
 use crate::{
-    admin,
+    admin, certs,
     config::Config,
     intercept::{self, Interceptor, OriginLookup},
     proxy::{Listener, Proxy, serving},
@@ -158,25 +158,62 @@ async fn watch_node_identity(
     }
 }
 
-/// The TLS acceptor for the hub's listeners, if a serving certificate is configured.
-fn serving_tls(
+/// Names and addresses clients use to reach the apiserver, for the serving certificate.
+fn serving_sans(config: &Config, vips: &[SocketAddr]) -> Vec<String> {
+    let mut sans: Vec<String> = [
+        "kubernetes",
+        "kubernetes.default",
+        "kubernetes.default.svc",
+        "kubernetes.default.svc.cluster.local",
+        "localhost",
+        "127.0.0.1",
+    ]
+    .map(String::from)
+    .to_vec();
+    sans.push(config.intercept.hub_address.to_string());
+    sans.extend(config.intercept.hub_address6.map(|a| a.to_string()));
+    sans.push(config.listen.tls_proxy.ip().to_string());
+    sans.extend(vips.iter().map(|v| v.ip().to_string()));
+    sans.sort();
+    sans.dedup();
+    sans
+}
+
+/// The TLS acceptor for the hub's listeners: tls.certFile/keyFile, or a certificate the
+/// hub requests from the cloud (CSR) and renews itself; None when neither is possible.
+async fn serving_tls(
     config: &Config,
+    cloud: &Arc<Cloud>,
+    vips: &[SocketAddr],
+    state: &HubState,
     stop: &watch::Receiver<bool>,
 ) -> Result<Option<tokio_rustls::TlsAcceptor>, DaemonError> {
-    let (Some(cert), Some(key)) = (&config.tls.cert_file, &config.tls.key_file) else {
-        return Ok(None);
+    let (cert, key) = match (&config.tls.cert_file, &config.tls.key_file) {
+        (Some(c), Some(k)) => (c.clone(), k.clone()),
+        _ if cloud.has_node_identity() => {
+            let managed = certs::Managed::under(&config.cache.dir);
+            let sans = serving_sans(config, vips);
+            state.set_intercept(InterceptState::Starting);
+            certs::ensure(cloud, &config.node_name, &sans, &managed).await;
+            let (c, k) = (managed.cert.clone(), managed.key.clone());
+            tokio::spawn(certs::renew_forever(
+                cloud.clone(),
+                config.node_name.clone(),
+                sans,
+                managed,
+                stop.clone(),
+            ));
+            (c, k)
+        }
+        _ => return Ok(None),
     };
     let reloading = Arc::new(
-        serving::ReloadingCert::new(cert, key).map_err(|e| DaemonError::Config(e.to_string()))?,
+        serving::ReloadingCert::new(&cert, &key).map_err(|e| DaemonError::Config(e.to_string()))?,
     );
     let server_config =
         serving::server_config(reloading.clone(), config.tls.client_ca_file.as_deref())
             .map_err(|e| DaemonError::Config(e.to_string()))?;
-    tokio::spawn(serving::watch_files(
-        reloading,
-        Duration::from_secs(5),
-        stop.clone(),
-    ));
+    tokio::spawn(serving::watch_files(reloading, CERT_RELOAD, stop.clone()));
     Ok(Some(tokio_rustls::TlsAcceptor::from(server_config)))
 }
 
@@ -198,17 +235,17 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
         CERT_RELOAD,
         stop_rx.clone(),
     ));
-    let tls = serving_tls(&config, &stop_rx)?;
-    state.set_data_path(if tls.is_some() {
-        DataPath::Proxy
-    } else {
-        DataPath::Relay
-    });
 
     let admin_listener = bind(config.listen.admin).await?;
     tokio::spawn(admin::serve(admin_listener, state.clone(), stop_rx.clone()));
 
     let vips = all_vips(&config)?;
+    let tls = serving_tls(&config, &cloud, &vips, &state, &stop_rx).await?;
+    state.set_data_path(if tls.is_some() {
+        DataPath::Proxy
+    } else {
+        DataPath::Relay
+    });
     let make_proxy = |origins: Option<Arc<dyn OriginLookup>>| {
         Arc::new(Proxy {
             node_name: config.node_name.clone(),

@@ -37,6 +37,46 @@ pub fn subject_cn_and_orgs(der: &[u8]) -> Option<(String, Vec<String>)> {
     Some((cn, orgs))
 }
 
+/// (notBefore, notAfter) of a DER certificate, as Unix seconds.
+pub fn validity(der: &[u8]) -> Option<(u64, u64)> {
+    let (_, cert, _) = tlv(der)?;
+    let (_, mut tbs, _) = tlv(cert)?;
+    let mut fields = Vec::new();
+    while !tbs.is_empty() && fields.len() < 5 {
+        let (tag, value, rest) = tlv(tbs)?;
+        fields.push((tag, value));
+        tbs = rest;
+    }
+    let skip = usize::from(fields.first()?.0 == 0xa0);
+    let (_, validity) = fields.get(3 + skip)?;
+    let (t1, v1, rest) = tlv(validity)?;
+    let (t2, v2, _) = tlv(rest)?;
+    Some((der_time(t1, v1)?, der_time(t2, v2)?))
+}
+
+/// UTCTime (YYMMDDHHMMSSZ) or GeneralizedTime (YYYYMMDDHHMMSSZ) to Unix seconds.
+fn der_time(tag: u8, v: &[u8]) -> Option<u64> {
+    let s = std::str::from_utf8(v).ok()?.strip_suffix('Z')?;
+    let (year, rest) = match tag {
+        0x17 => {
+            let yy: i64 = s.get(0..2)?.parse().ok()?;
+            (if yy < 50 { 2000 + yy } else { 1900 + yy }, s.get(2..)?)
+        }
+        0x18 => (s.get(0..4)?.parse().ok()?, s.get(4..)?),
+        _ => return None,
+    };
+    let n = |r: std::ops::Range<usize>| rest.get(r)?.parse::<i64>().ok();
+    let (m, d) = (n(0..2)?, n(2..4)?);
+    // days_from_civil (Howard Hinnant)
+    let y = if m <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    let secs = days * 86400 + n(4..6)? * 3600 + n(6..8)? * 60 + n(8..10)?;
+    u64::try_from(secs).ok()
+}
+
 /// One DER tag-length-value: (tag, value, remaining input).
 fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     let tag = *input.first()?;
@@ -60,6 +100,17 @@ fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn der_times() {
+        assert_eq!(super::der_time(0x17, b"700101000000Z"), Some(0));
+        assert_eq!(
+            super::der_time(0x18, b"20261130005320Z"),
+            Some(1_796_000_000)
+        );
+        assert_eq!(super::der_time(0x17, b"261130005320Z"), Some(1_796_000_000));
+        assert_eq!(super::der_time(0x17, b"bogus"), None);
+    }
+
     #[test]
     fn garbage_is_none_not_a_panic() {
         assert_eq!(super::subject_cn_and_orgs(&[]), None);

@@ -571,3 +571,110 @@ fn certificates_rotate_without_dropping_connections() {
         },
     );
 }
+
+/// Without tls.certFile the hub asks the cloud for its serving certificate (a CSR with the
+/// node identity, signer kubernetes.io/kubelet-serving), waits for approval, stores the
+/// pair owner-only, serves with it, and after a restart with the cloud down serves at once
+/// from the stored pair.
+#[test]
+fn serving_certificate_by_csr_and_offline_restart() {
+    use std::os::unix::fs::PermissionsExt;
+    let ca = Arc::new(TestCa::new("cloud-ca"));
+    let cloud = StandIn::start_with_ca(
+        "127.0.0.1:0".parse().unwrap(),
+        Options::default(),
+        ca.clone(),
+    )
+    .unwrap();
+    cloud
+        .state
+        .auth
+        .write()
+        .unwrap()
+        .allow(Rule::new("system:nodes", &["*"], &["*"], &["*"]));
+    let dir = TempDir::new("csr");
+    let pki = ca.write_hub_pki(dir.path(), NODE, &[]).unwrap();
+    let cache = dir.path().join("cache");
+    let (tls_port, plain_port, admin_port) = (free_port(), free_port(), free_port());
+    let admin = format!("127.0.0.1:{admin_port}");
+    let yaml = |_: &std::path::Path, _: &std::path::Path| {
+        format!(
+            "nodeName: {NODE}\ncloud:\n  servers: [\"{}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  clientCaFile: {}\ncache:\n  dir: {}\n",
+            cloud.url(),
+            pki.ca.display(),
+            pki.node.0.display(),
+            pki.node.1.display(),
+            pki.ca.display(),
+            cache.display()
+        )
+    };
+    // An approver, as a cluster operator (or an approver controller) would be.
+    let approver = Client::new(cloud.addr, ca.cert_der(), Some(ADMIN_TOKEN), None);
+    let approved = std::thread::scope(|scope| {
+        let approving = scope.spawn(|| {
+            let csr = wait_for("the hub's CSR", Duration::from_secs(10), || {
+                let list = approver
+                    .get("/apis/certificates.k8s.io/v1/certificatesigningrequests")
+                    .json();
+                list["items"].as_array()?.first().cloned()
+            });
+            assert_eq!(csr["spec"]["signerName"], "kubernetes.io/kubelet-serving");
+            let name = csr["metadata"]["name"].as_str().unwrap().to_string();
+            let mut a = csr.clone();
+            a["apiVersion"] = json!("certificates.k8s.io/v1");
+            a["kind"] = json!("CertificateSigningRequest");
+            a["status"]["conditions"] =
+                json!([{"type": "Approved", "status": "True", "reason": "Test", "message": "ok"}]);
+            let r = approver.send_json(
+                "PUT",
+                &format!("/apis/certificates.k8s.io/v1/certificatesigningrequests/{name}/approval"),
+                &a,
+            );
+            assert_eq!(r.status, 200);
+            name
+        });
+        let hub = HubProc::start_yaml(None, &admin, None, yaml);
+        let name = approving.join().unwrap();
+        (hub, name)
+    });
+    let (hub, csr_name) = approved;
+    let audit = cloud.audit();
+    assert!(audit.iter().any(|a| a.method == "POST"
+        && a.path.contains("certificatesigningrequests")
+        && a.user == "system:node:test-node"));
+    let c = Client::new(
+        format!("127.0.0.1:{tls_port}").parse().unwrap(),
+        ca.cert_der(),
+        Some(ADMIN_TOKEN),
+        None,
+    );
+    let served = c.peer_certificate().unwrap();
+    let (cn, _) = hub::x509::subject_cn_and_orgs(&served).unwrap();
+    assert_eq!(cn, "system:node:test-node");
+    assert_eq!(
+        c.get("/api/v1/pods").status,
+        200,
+        "CSR {csr_name} certificate serves"
+    );
+    let key = cache.join("pki/hub-serving.key");
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(
+        std::fs::metadata(cache.join("pki"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o700
+    );
+
+    // Restart with the cloud gone: the stored pair serves immediately.
+    drop(hub);
+    cloud.stop_listening();
+    let started = Instant::now();
+    let _hub = HubProc::start_yaml(None, &admin, None, yaml);
+    eprintln!("offline restart ready after {:?}", started.elapsed());
+    assert_eq!(c.peer_certificate().unwrap(), served);
+}

@@ -382,14 +382,18 @@ pub async fn resource_request(
                 Ok((b, _)) => b,
                 Err(e) => return e,
             };
-            create(&state, &target, &body, &q)
+            let resp = create(&state, &target, &body, &q);
+            super::signer::after_write(&state, &target, &resp);
+            resp
         }
         ("update", _) => {
             let body = match read_write_body(req, &["application/json"]).await {
                 Ok((b, _)) => b,
                 Err(e) => return e,
             };
-            update(&state, &target, &body)
+            let resp = update(&state, &target, &body);
+            super::signer::after_write(&state, &target, &resp);
+            resp
         }
         ("patch", _) => {
             let (body, ctype) = match read_write_body(
@@ -405,7 +409,9 @@ pub async fn resource_request(
                 Ok(b) => b,
                 Err(e) => return e,
             };
-            patch_object(&state, &target, &body, &ctype)
+            let resp = patch_object(&state, &target, &body, &ctype);
+            super::signer::after_write(&state, &target, &resp);
+            resp
         }
         ("delete", _) => delete(&state, &target),
         ("deletecollection", _) => delete_collection(&state, &target, &q),

@@ -16,6 +16,7 @@ pub mod proto;
 pub mod resources;
 pub mod seed;
 pub mod select;
+pub mod signer;
 pub mod store;
 pub mod stream;
 pub mod table;
@@ -53,6 +54,10 @@ pub struct Options {
     pub max_watch: Duration,
     /// Extra SANs for the serving certificate (the listen IP is always included).
     pub sans: Vec<String>,
+    /// Approve CertificateSigningRequests as they arrive (like an approver controller).
+    pub auto_approve_csrs: bool,
+    /// Lifetime of certificates the stand-in signs for approved CSRs.
+    pub csr_cert_lifetime: Duration,
 }
 
 impl Default for Options {
@@ -62,6 +67,8 @@ impl Default for Options {
             bookmark_interval: Duration::from_secs(1),
             max_watch: Duration::from_secs(1800),
             sans: vec![],
+            auto_approve_csrs: false,
+            csr_cert_lifetime: Duration::from_secs(365 * 86400),
         }
     }
 }
@@ -78,6 +85,8 @@ pub struct AuditEntry {
 
 pub struct State {
     pub store: Store,
+    /// The CA that signs approved CSRs (and every certificate of this cloud).
+    pub ca: Arc<TestCa>,
     pub audit: Mutex<std::collections::VecDeque<AuditEntry>>,
     pub auth: RwLock<Auth>,
     pub faults: Faults,
@@ -136,6 +145,7 @@ impl StandIn {
         auth.add_token(ADMIN_TOKEN, "admin", &["system:masters"]);
         let state = Arc::new(State {
             store: Store::new(options.history_limit),
+            ca: ca.clone(),
             audit: Mutex::new(std::collections::VecDeque::new()),
             auth: RwLock::new(auth),
             faults: Faults::default(),

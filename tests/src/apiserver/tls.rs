@@ -64,6 +64,11 @@ impl TestCa {
         }
     }
 
+    /// The signing side of the CA (for the CSR signer).
+    pub fn issuer(&self) -> &rcgen::Issuer<'static, KeyPair> {
+        &self.issuer
+    }
+
     pub fn cert_pem(&self) -> String {
         self.issuer.pem()
     }
