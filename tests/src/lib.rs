@@ -2,6 +2,7 @@
 //! cgroups, child processes that are always cleaned up, and a running hub.
 pub mod apiserver;
 pub mod cgroup;
+pub mod cloud;
 pub mod hub;
 pub mod netns;
 pub mod ports;

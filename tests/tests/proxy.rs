@@ -678,3 +678,89 @@ fn serving_certificate_by_csr_and_offline_restart() {
     eprintln!("offline restart ready after {:?}", started.elapsed());
     assert_eq!(c.peer_certificate().unwrap(), served);
 }
+
+/// A scenario that runs against a real kube-apiserver when HUB_TEST_APISERVER is set (the
+/// stand-in otherwise): the hub, with no serving files of its own for the cloud side but
+/// the cloud's CA, proxies namespace/configmap CRUD, lists and a watch for a bearer token.
+#[test]
+fn crud_list_watch_through_the_hub_against_any_apiserver() {
+    use hub_tests::cloud::TestCloud;
+    let cloud = TestCloud::from_env_or_standin();
+    let dir = TempDir::new("any");
+    // The hub's own serving certificate comes from a local test CA; clients trust it.
+    let hub_ca = TestCa::new("hub-ca");
+    let (serving_crt, serving_key) = hub_ca
+        .server(&["127.0.0.1"])
+        .write(dir.path(), "serving")
+        .unwrap();
+    let cloud_ca = dir.path().join("cloud-ca.crt");
+    std::fs::write(&cloud_ca, &cloud.ca_pem).unwrap();
+    let (tls_port, plain_port, admin_port) = (free_port(), free_port(), free_port());
+    let admin = format!("127.0.0.1:{admin_port}");
+    let _hub = HubProc::start_yaml(None, &admin, None, |_, cache| {
+        format!(
+            "nodeName: {NODE}\ncloud:\n  servers: [\"{}\"]\n  caFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\ncache:\n  dir: {}\n",
+            cloud.url,
+            cloud_ca.display(),
+            serving_crt.display(),
+            serving_key.display(),
+            cache.display()
+        )
+    });
+    let c = Client::new(
+        format!("127.0.0.1:{tls_port}").parse().unwrap(),
+        hub_ca.cert_der(),
+        Some(&cloud.token),
+        None,
+    );
+    let ns = hub_tests::unique("hubscn");
+    let created = c.send_json(
+        "POST",
+        "/api/v1/namespaces",
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+    );
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    let base = format!("/api/v1/namespaces/{ns}/configmaps");
+    let list = c.get(&base).json();
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut w = c.stream(&format!("{base}?watch=true&resourceVersion={rv}"));
+    for i in 0..5 {
+        let r = c.send_json("POST", &base, &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("cm-{i}"), "labels": {"i": i.to_string()}}, "data": {"i": i.to_string()}}));
+        assert_eq!(r.status, 201);
+    }
+    for i in 0..5 {
+        let ev = w.next_event(Duration::from_secs(10)).expect("watch event");
+        assert_eq!(
+            (
+                ev["type"].as_str(),
+                ev["object"]["metadata"]["name"].as_str()
+            ),
+            (Some("ADDED"), Some(format!("cm-{i}").as_str()))
+        );
+    }
+    let selected = c
+        .get(&format!("{base}?labelSelector=i%20in%20(1,3)"))
+        .json();
+    assert_eq!(selected["items"].as_array().unwrap().len(), 2);
+    let page = c.get(&format!("{base}?limit=2")).json();
+    assert_eq!(page["items"].as_array().unwrap().len(), 2);
+    assert!(
+        page["metadata"]["continue"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty())
+    );
+    assert_eq!(
+        c.request("DELETE", &format!("/api/v1/namespaces/{ns}"), &[], &[])
+            .unwrap()
+            .status,
+        200
+    );
+}
