@@ -46,21 +46,7 @@ fn setup(n_clouds: usize) -> Setup {
                 ca.clone(),
             )
             .unwrap();
-            {
-                let mut auth = s.state.auth.write().unwrap();
-                auth.add_token(
-                    "pod-token",
-                    "system:serviceaccount:default:app",
-                    &["system:serviceaccounts"],
-                );
-                auth.allow(Rule::new(
-                    "system:serviceaccount:default:app",
-                    &["get", "list", "watch"],
-                    &["pods", "configmaps"],
-                    &["default"],
-                ));
-                auth.allow(Rule::new("system:nodes", &["*"], &["*"], &["*"]));
-            }
+            s.state.auth.write().unwrap().add_test_identities();
             seed::cluster(&s.state.store, 2, 3);
             s
         })
@@ -105,6 +91,16 @@ impl Setup {
     }
 }
 
+/// The cloud's latest audit entry for exactly `path`.
+fn last_audit(cloud: &StandIn, path: &str) -> hub_tests::apiserver::AuditEntry {
+    cloud
+        .audit()
+        .into_iter()
+        .rev()
+        .find(|a| a.path == path)
+        .expect("audited request")
+}
+
 #[test]
 fn identities_are_forwarded_as_the_issue_says() {
     let s = setup(1);
@@ -134,12 +130,7 @@ fn identities_are_forwarded_as_the_issue_says() {
     // A kubelet-style client certificate is forwarded as the node identity.
     let kubelet = s.client(None, true);
     assert_eq!(kubelet.get("/api/v1/nodes").status, 200);
-    let seen = cloud
-        .audit()
-        .into_iter()
-        .rev()
-        .find(|a| a.path == "/api/v1/nodes")
-        .unwrap();
+    let seen = last_audit(cloud, "/api/v1/nodes");
     assert_eq!(
         (seen.user.as_str(), seen.bearer),
         ("system:node:test-node", false)
@@ -166,12 +157,7 @@ fn identities_are_forwarded_as_the_issue_says() {
     let mut answer = String::new();
     tcp.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let seen = cloud
-        .audit()
-        .into_iter()
-        .rev()
-        .find(|a| a.path == "/api/v1/nodes")
-        .unwrap();
+    let seen = last_audit(cloud, "/api/v1/nodes");
     assert!(!seen.bearer && seen.user == "system:node:test-node");
 }
 

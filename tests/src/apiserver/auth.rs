@@ -54,6 +54,35 @@ impl Auth {
         }
     }
 
+    /// The identities test clusters use: token `pod-token` for the service account
+    /// `default:app` (read pods, logs, configmaps, services, endpoints, endpointslices in
+    /// `default`; write configmaps and exec there), and the group `system:nodes` (anything).
+    pub fn add_test_identities(&mut self) {
+        let app = "system:serviceaccount:default:app";
+        self.add_token("pod-token", app, &["system:serviceaccounts"]);
+        let reads = [
+            "pods",
+            "pods/log",
+            "configmaps",
+            "services",
+            "endpoints",
+            "endpointslices",
+        ];
+        self.allow(Rule::new(
+            app,
+            &["get", "list", "watch"],
+            &reads,
+            &["default"],
+        ));
+        self.allow(Rule::new(
+            app,
+            &["create", "update", "patch"],
+            &["configmaps", "pods/exec"],
+            &["default"],
+        ));
+        self.allow(Rule::new("system:nodes", &["*"], &["*"], &["*"]));
+    }
+
     pub fn add_token(&mut self, token: &str, user: &str, groups: &[&str]) {
         self.tokens.insert(
             token.to_string(),

@@ -12,7 +12,7 @@
 //! and exec into pods there) and the group system:nodes (may do anything).
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use hub_tests::apiserver::{Options, StandIn, auth::Rule, seed};
+use hub_tests::apiserver::{Options, StandIn, seed};
 
 fn arg<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     args.windows(2)
@@ -102,32 +102,7 @@ fn main() {
         pki.kubelet
             .write(&dir, "kubelet")
             .expect("write kubelet cert");
-        let mut auth = standin.state.auth.write().unwrap();
-        auth.add_token(
-            "pod-token",
-            "system:serviceaccount:default:app",
-            &["system:serviceaccounts"],
-        );
-        auth.allow(Rule::new(
-            "system:serviceaccount:default:app",
-            &["get", "list", "watch"],
-            &[
-                "pods",
-                "pods/log",
-                "configmaps",
-                "services",
-                "endpoints",
-                "endpointslices",
-            ],
-            &["default"],
-        ));
-        auth.allow(Rule::new(
-            "system:serviceaccount:default:app",
-            &["create", "update", "patch"],
-            &["configmaps", "pods/exec"],
-            &["default"],
-        ));
-        auth.allow(Rule::new("system:nodes", &["*"], &["*"], &["*"]));
+        standin.state.auth.write().unwrap().add_test_identities();
     }
     println!("ready");
     // Serve until told to stop.
