@@ -85,6 +85,9 @@ struct RunArgs {
     /// Turn interception off (intercept.enabled: false).
     #[arg(long)]
     no_intercept: bool,
+    /// Only parse and validate the configuration, print `config ok` and exit.
+    #[arg(long)]
+    check: bool,
     /// Override listen.admin.
     #[arg(long)]
     admin: Option<SocketAddr>,
@@ -192,6 +195,10 @@ fn run(args: RunArgs) -> ExitCode {
     if let Err(e) = config.validate() {
         eprintln!("hub: invalid config {}: {e}", args.config.display());
         return ExitCode::from(EXIT_CONFIG);
+    }
+    if args.check {
+        println!("config ok: {}", args.config.display());
+        return ExitCode::SUCCESS;
     }
     init_tracing(&args.log);
     // One worker: measured on 2 cores, cross-thread wake-ups (futex, scheduler hops between

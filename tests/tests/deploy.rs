@@ -1,0 +1,79 @@
+//! Issue 9 (deploy/): the manifests are accepted by an apiserver (a server-side dry run
+//! against the stand-in) and the ConfigMap's hub config passes `hub run --check`.
+use std::{path::PathBuf, process::Command};
+
+use serde::Deserialize;
+
+use hub_tests::{
+    TempDir,
+    apiserver::{Options, StandIn},
+    hub_bin,
+};
+
+fn deploy(file: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy")
+        .join(file)
+}
+
+#[test]
+fn configmap_config_passes_hub_validation() {
+    let text = std::fs::read_to_string(deploy("hub.yaml")).unwrap();
+    let config = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "hub-config")
+        .expect("the hub-config ConfigMap");
+    let hub_yaml = config["data"]["hub.yaml"].as_str().expect("data.hub.yaml");
+    let dir = TempDir::new("dep");
+    let path = dir.path().join("hub.yaml");
+    std::fs::write(&path, hub_yaml).unwrap();
+    let out = Command::new(hub_bin())
+        .args(["run", "--check", "--node-name", "edge-1", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("config ok"));
+}
+
+#[test]
+fn manifests_pass_a_server_side_dry_run() {
+    let s = StandIn::start("127.0.0.1:0".parse().unwrap(), Options::default()).unwrap();
+    let dir = TempDir::new("dep");
+    let kc = dir.path().join("kubeconfig");
+    s.write_kubeconfig(&kc, None).unwrap();
+    let out = Command::new("kubectl")
+        .args(["apply", "--dry-run=server", "-f"])
+        .arg(deploy("hub.yaml"))
+        .arg("-f")
+        .arg(deploy("coordinator-etcd.yaml"))
+        .env("KUBECONFIG", &kc)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for what in [
+        "daemonset.apps/hub",
+        "statefulset.apps/hub-coordinator",
+        "clusterrole.rbac.authorization.k8s.io/hub",
+        "configmap/hub-config",
+    ] {
+        assert!(stdout.contains(what), "{what} missing from:\n{stdout}");
+    }
+    assert!(stdout.contains("(server dry run)"));
+    // A dry run stores nothing.
+    let after = Command::new("kubectl")
+        .args(["get", "daemonsets", "-A", "-o", "name"])
+        .env("KUBECONFIG", &kc)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&after.stdout).trim(), "");
+}
