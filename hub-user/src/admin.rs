@@ -164,6 +164,13 @@ pub fn render(s: &StatusReport) -> String {
         "streams:      {} open, {} tasks",
         s.open_streams, s.tasks
     );
+    if !s.last_errors.is_empty() {
+        let _ = writeln!(out, "last errors:");
+        let now = crate::certs::now_unix();
+        for (at, what) in s.last_errors.iter().rev().take(5) {
+            let _ = writeln!(out, "  {}s ago  {what}", now.saturating_sub(*at));
+        }
+    }
     let c = &s.connections;
     let _ = writeln!(
         out,

@@ -86,6 +86,8 @@ pub struct StatusReport {
     pub routes: BTreeMap<String, RouteCounts>,
     pub open_streams: i64,
     pub tasks: usize,
+    /// The latest requests the hub could not serve (newest last), with Unix time.
+    pub last_errors: Vec<(u64, String)>,
     pub connections: ConnCounts,
     pub recent: Vec<ConnRecord>,
 }
@@ -102,6 +104,7 @@ pub struct HubState {
     cloud: OnceLock<Arc<Cloud>>,
     data_path: Mutex<DataPath>,
     routes: Mutex<BTreeMap<String, RouteCounts>>,
+    last_errors: Mutex<VecDeque<(u64, String)>>,
     ready: AtomicBool,
     intercept: Mutex<InterceptState>,
     vips: Mutex<Vec<VipListener>>,
@@ -132,6 +135,7 @@ impl HubState {
             cloud: OnceLock::new(),
             data_path: Mutex::new(DataPath::Relay),
             routes: Mutex::new(BTreeMap::new()),
+            last_errors: Mutex::new(VecDeque::new()),
             ready: AtomicBool::new(false),
             intercept: Mutex::new(InterceptState::Starting),
             vips: Mutex::new(Vec::new()),
@@ -161,6 +165,15 @@ impl HubState {
         if code >= 500 {
             c.server_errors += 1;
         }
+    }
+
+    /// Remembers a request the hub could not serve (the last 10 are kept).
+    pub fn error(&self, what: String) {
+        let mut errors = self.last_errors.lock().unwrap();
+        if errors.len() == 10 {
+            errors.pop_front();
+        }
+        errors.push_back((crate::certs::now_unix(), what));
     }
 
     /// Prometheus text, with the upstream health gauges brought up to date first.
@@ -241,6 +254,7 @@ impl HubState {
             open_streams: self.metrics.open_streams.get(),
             tasks: tokio::runtime::Handle::try_current()
                 .map_or(0, |h| h.metrics().num_alive_tasks()),
+            last_errors: self.last_errors.lock().unwrap().iter().cloned().collect(),
             connections: ConnCounts {
                 accepted: load(&self.accepted),
                 active: load(&self.active),

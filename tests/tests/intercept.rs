@@ -191,7 +191,8 @@ fn kill_9_fails_open_within_a_second() {
     );
     // The pins outlive a crash (maps only, harmless); uninstall removes them, twice is fine.
     for _ in 0..2 {
-        let mut c = Command::new(hub_tests::hub_bin());
+        // In the test's namespace: uninstall also removes that namespace's hub address.
+        let mut c = ns.command(hub_tests::hub_bin());
         c.args(["uninstall", "--pin-path"]).arg(&hub.pin_path);
         process::output(c, "hub uninstall");
     }

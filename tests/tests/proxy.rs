@@ -409,6 +409,20 @@ fn with_the_cloud_down_reads_get_a_503_naming_the_route() {
         "{metrics}"
     );
     assert!(metrics.contains("hub_upstream_healthy{server="));
+    let errors = s.hub.status()["last_errors"].as_array().unwrap().clone();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e[1].as_str().unwrap().contains("local-cache")),
+        "{errors:?}"
+    );
+    let errors = s.hub.status()["last_errors"].as_array().unwrap().clone();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e[1].as_str().unwrap().contains("local-cache")),
+        "{errors:?}"
+    );
 }
 
 fn reqwest_free_get(addr: &str, path: &str) -> String {

@@ -290,6 +290,12 @@ impl Proxy {
             ),
         );
         self.record(last, &info, component, resp.status(), started);
+        self.state.error(format!(
+            "{} {}: {}",
+            info.verb,
+            uri_path(&info),
+            why.join("; ")
+        ));
         resp
     }
 
