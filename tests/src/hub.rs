@@ -20,7 +20,8 @@ pub struct HubProc {
     ns: Option<crate::netns::NsHandle>,
     pub pin_path: PathBuf,
     log: PathBuf,
-    dir: TempDir,
+    /// Config, log and cache; removed with the hub.
+    _dir: TempDir,
 }
 
 /// What a test varies in the hub's config; the rest is written by `config_yaml`.
@@ -104,7 +105,7 @@ impl HubProc {
             ns: ns.map(|n| n.handle()),
             pin_path,
             log,
-            dir,
+            _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -173,10 +174,6 @@ impl HubProc {
         };
         c.args(["uninstall", "--pin-path"]).arg(&self.pin_path);
         let _ = c.output();
-    }
-
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 }
 

@@ -105,7 +105,8 @@ pub struct Interceptor {
     stats: Mutex<PerCpuHashMap<MapData, Endpoint, VipStats>>,
     settings: Mutex<Array<MapData, Settings>>,
     origins: HashMap<MapData, FourTuple, Origin>,
-    ebpf: Ebpf,
+    /// Owns the programs and their links: dropping it detaches everything.
+    _ebpf: Ebpf,
     pin_dir: PathBuf,
     cgroup: PathBuf,
     bypass_mark: u32,
@@ -180,7 +181,7 @@ impl Interceptor {
             stats: Mutex::new(stats),
             settings: Mutex::new(settings),
             origins,
-            ebpf,
+            _ebpf: ebpf,
             pin_dir: pin_dir.to_owned(),
             cgroup: cgroup.to_owned(),
             bypass_mark,
@@ -244,19 +245,6 @@ impl Interceptor {
                 name: MAP_SETTINGS,
                 source,
             })
-    }
-
-    pub fn cgroup(&self) -> &Path {
-        &self.cgroup
-    }
-
-    pub fn pin_dir(&self) -> &Path {
-        &self.pin_dir
-    }
-
-    /// Number of programs in the loaded object (for status).
-    pub fn program_count(&self) -> usize {
-        self.ebpf.programs().count()
     }
 }
 

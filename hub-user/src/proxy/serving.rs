@@ -77,11 +77,6 @@ impl ReloadingCert {
         *self.current.write().unwrap() = (fresh, c, k);
         Ok(true)
     }
-
-    /// The leaf certificate in use (for status and tests).
-    pub fn leaf(&self) -> CertificateDer<'static> {
-        self.current.read().unwrap().0.cert[0].clone()
-    }
 }
 
 impl ResolvesServerCert for ReloadingCert {

@@ -26,7 +26,7 @@ pub mod watch;
 
 use std::{
     net::SocketAddr,
-    path::{Path, PathBuf},
+    path::Path,
     sync::{Arc, Mutex, RwLock},
     time::Duration,
 };
@@ -229,13 +229,6 @@ impl StandIn {
             &self.ca.cert_pem(),
             Credentials::Token(token.unwrap_or(ADMIN_TOKEN)),
         )
-    }
-
-    /// Writes the CA certificate (for clients that take a file).
-    pub fn write_ca(&self, dir: &Path) -> std::io::Result<PathBuf> {
-        let p = dir.join("standin-ca.crt");
-        std::fs::write(&p, self.ca.cert_pem())?;
-        Ok(p)
     }
 }
 

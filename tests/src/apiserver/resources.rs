@@ -115,13 +115,6 @@ pub fn find(group: &str, version: &str, name: &str) -> Option<ResourceId> {
         .map(ResourceId)
 }
 
-pub fn by_kind(kind: &str) -> Option<ResourceId> {
-    RESOURCES
-        .iter()
-        .position(|r| r.kind == kind)
-        .map(ResourceId)
-}
-
 pub fn get(id: ResourceId) -> &'static Resource {
     &RESOURCES[id.0]
 }

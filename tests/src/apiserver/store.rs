@@ -118,12 +118,6 @@ impl Store {
         self.inner.lock().unwrap().rv
     }
 
-    pub fn set_history_limit(&self, limit: usize) {
-        let mut inner = self.inner.lock().unwrap();
-        inner.history_limit = limit.max(1);
-        inner.compact_to_limit();
-    }
-
     /// Drops every event and old version up to the current resourceVersion.
     pub fn compact(&self) {
         let mut inner = self.inner.lock().unwrap();
