@@ -1,20 +1,33 @@
-//! The one X.509 fact the hub needs from a verified client certificate: its subject's
-//! CN (the user) and O values (the groups), as kube-apiserver reads them.
+//! The few X.509 facts the hub needs, read with a minimal DER walk: a verified client
+//! certificate's subject CN (the user) and O values (the groups), as kube-apiserver reads
+//! them, and a certificate's validity period.
 
-/// (CN, [O...]) of a DER certificate's subject, read with a minimal DER walk.
-pub fn subject_cn_and_orgs(der: &[u8]) -> Option<(String, Vec<String>)> {
+/// The `index`-th field of tbsCertificate, counting from the serial number (0), so
+/// 2 = issuer, 3 = validity, 4 = subject, whether or not the optional version is present.
+fn tbs_field(der: &[u8], index: usize) -> Option<&[u8]> {
     // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version?, serial, sigAlg,
     //                 issuer, validity, subject, ... } ... }
     let (_, cert, _) = tlv(der)?;
     let (_, mut tbs, _) = tlv(cert)?;
-    let mut fields = Vec::new();
-    while !tbs.is_empty() && fields.len() < 6 {
+    let mut skip_version = true;
+    let mut i = 0;
+    while !tbs.is_empty() {
         let (tag, value, rest) = tlv(tbs)?;
-        fields.push((tag, value));
         tbs = rest;
+        if std::mem::take(&mut skip_version) && tag == 0xa0 {
+            continue;
+        }
+        if i == index {
+            return Some(value);
+        }
+        i += 1;
     }
-    let skip = usize::from(fields.first()?.0 == 0xa0); // explicit version tag
-    let subject = fields.get(4 + skip)?.1;
+    None
+}
+
+/// (CN, [O...]) of a DER certificate's subject.
+pub fn subject_cn_and_orgs(der: &[u8]) -> Option<(String, Vec<String>)> {
+    let subject = tbs_field(der, 4)?;
     let (mut cn, mut orgs) = (String::new(), Vec::new());
     let mut rdns = subject;
     while !rdns.is_empty() {
@@ -39,17 +52,7 @@ pub fn subject_cn_and_orgs(der: &[u8]) -> Option<(String, Vec<String>)> {
 
 /// (notBefore, notAfter) of a DER certificate, as Unix seconds.
 pub fn validity(der: &[u8]) -> Option<(u64, u64)> {
-    let (_, cert, _) = tlv(der)?;
-    let (_, mut tbs, _) = tlv(cert)?;
-    let mut fields = Vec::new();
-    while !tbs.is_empty() && fields.len() < 5 {
-        let (tag, value, rest) = tlv(tbs)?;
-        fields.push((tag, value));
-        tbs = rest;
-    }
-    let skip = usize::from(fields.first()?.0 == 0xa0);
-    let (_, validity) = fields.get(3 + skip)?;
-    let (t1, v1, rest) = tlv(validity)?;
+    let (t1, v1, rest) = tlv(tbs_field(der, 3)?)?;
     let (t2, v2, _) = tlv(rest)?;
     Some((der_time(t1, v1)?, der_time(t2, v2)?))
 }

@@ -161,11 +161,7 @@ impl Store {
         merge: impl FnOnce(&Value) -> Value,
     ) -> Result<Arc<Value>, StoreError> {
         let mut inner = self.inner.lock().unwrap();
-        let current = inner.latest(&key).ok_or(StoreError::NotFound)?;
-        let current_rv = rv_of(&current);
-        if expected_rv.is_some_and(|e| e != current_rv) {
-            return Err(StoreError::Conflict);
-        }
+        let current = inner.checked(&key, expected_rv)?;
         let mut object = merge(&current);
         let rv = inner.rv + 1;
         set_rv(&mut object, rv);
@@ -183,10 +179,7 @@ impl Store {
 
     pub fn delete(&self, key: Key, expected_rv: Option<u64>) -> Result<Arc<Value>, StoreError> {
         let mut inner = self.inner.lock().unwrap();
-        let current = inner.latest(&key).ok_or(StoreError::NotFound)?;
-        if expected_rv.is_some_and(|e| e != rv_of(&current)) {
-            return Err(StoreError::Conflict);
-        }
+        let current = inner.checked(&key, expected_rv)?;
         let rv = inner.rv + 1;
         let mut last = (*current).clone();
         set_rv(&mut last, rv);
@@ -293,6 +286,15 @@ pub fn rv_of(object: &Value) -> u64 {
 impl Inner {
     fn latest(&self, key: &Key) -> Option<Arc<Value>> {
         self.keys.get(key)?.last()?.object.clone()
+    }
+
+    /// The current object, if it exists and matches the caller's precondition.
+    fn checked(&self, key: &Key, expected_rv: Option<u64>) -> Result<Arc<Value>, StoreError> {
+        let current = self.latest(key).ok_or(StoreError::NotFound)?;
+        if expected_rv.is_some_and(|e| e != rv_of(&current)) {
+            return Err(StoreError::Conflict);
+        }
+        Ok(current)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -199,5 +199,9 @@ mod tests {
         let (cn, orgs) = subject_cn_and_orgs(&id.cert_der).unwrap();
         assert_eq!(cn, "system:node:edge-1");
         assert_eq!(orgs, vec!["system:nodes"]);
+        // rcgen's default validity: 1975-01-01 (UTCTime) to 4096-01-01 (GeneralizedTime).
+        let (from, to) = hub::x509::validity(&id.cert_der).unwrap();
+        assert_eq!(from, 157_766_400);
+        assert!(to > 60_000_000_000, "{to}");
     }
 }
