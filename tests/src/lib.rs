@@ -3,6 +3,7 @@
 pub mod apiserver;
 pub mod cgroup;
 pub mod cloud;
+pub mod etcd;
 pub mod hub;
 pub mod netns;
 pub mod ports;
