@@ -4,6 +4,7 @@ pub mod admin;
 pub mod certs;
 pub mod cli;
 pub mod config;
+pub mod coordinator;
 pub mod daemon;
 pub mod intercept;
 pub mod metrics;
