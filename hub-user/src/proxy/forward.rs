@@ -128,9 +128,10 @@ pub async fn forward(
     if let Some(h) = out.headers_mut() {
         copy_headers(&rparts.headers, h, false, false);
     }
+    let body = super::coalesce::Coalesce::new(rbody.boxed()).boxed();
     Ok(Forwarded {
         response: out
-            .body(rbody.boxed())
+            .body(body)
             .map_err(|e| ForwardError::Body(e.to_string()))?,
         server: server.url.authority(),
     })

@@ -2,6 +2,7 @@
 //! calling, routes each request by the decision table, forwards to the cloud with the
 //! right identity and streams the answer back; requests the caches would serve get a clear
 //! 503 Status until those routes exist.
+pub mod coalesce;
 pub mod forward;
 pub mod request;
 pub mod serving;
