@@ -41,15 +41,27 @@ impl Reply {
 pub struct Stream<'a> {
     client: &'a Client,
     reader: BufReader<tokio_rustls::client::TlsStream<TcpStream>>,
+    /// Body bytes received but not yet returned as lines.
+    pending: Vec<u8>,
     pub status: u16,
 }
 
 impl Stream<'_> {
-    /// The next line of the body, or None at its end or after `timeout`.
+    /// The next line of the body, or None at its end or after `timeout`. HTTP chunks and
+    /// lines are independent: one chunk may carry several lines, or part of one.
     pub fn next_line(&mut self, timeout: Duration) -> Option<String> {
         let reader = &mut self.reader;
+        let pending = &mut self.pending;
         self.client.rt.block_on(async {
             loop {
+                if let Some(pos) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=pos).collect();
+                    let text = String::from_utf8_lossy(&line).trim_end().to_string();
+                    if text.is_empty() {
+                        continue;
+                    }
+                    return Some(text);
+                }
                 let mut size = String::new();
                 tokio::time::timeout(timeout, reader.read_line(&mut size))
                     .await
@@ -57,7 +69,11 @@ impl Stream<'_> {
                     .ok()?;
                 let n = usize::from_str_radix(size.trim(), 16).ok()?;
                 if n == 0 {
-                    return None;
+                    // End of the body: a last line without a newline still counts.
+                    let rest = String::from_utf8_lossy(&std::mem::take(pending))
+                        .trim()
+                        .to_string();
+                    return (!rest.is_empty()).then_some(rest);
                 }
                 let mut chunk = vec![0u8; n + 2];
                 tokio::time::timeout(timeout, reader.read_exact(&mut chunk))
@@ -65,10 +81,7 @@ impl Stream<'_> {
                     .ok()?
                     .ok()?;
                 chunk.truncate(n);
-                let text = String::from_utf8_lossy(&chunk).trim_end().to_string();
-                if !text.is_empty() {
-                    return Some(text);
-                }
+                pending.extend_from_slice(&chunk);
             }
         })
     }
@@ -236,6 +249,7 @@ impl Client {
         Stream {
             client: self,
             reader,
+            pending: Vec::new(),
             status,
         }
     }
