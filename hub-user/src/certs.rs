@@ -243,7 +243,15 @@ pub async fn ensure(cloud: &Cloud, node: &str, sans: &[String], managed: &Manage
     }
 }
 
-/// Renews the managed certificate before it expires, until `stop`.
+/// Seconds until the stored certificate is due for renewal (0 if it is due or unreadable).
+fn until_renewal(managed: &Managed, now: u64) -> u64 {
+    managed.validity().map_or(0, |(from, to)| {
+        let due = from + (to.saturating_sub(from) as f64 * RENEW_AT) as u64;
+        due.saturating_sub(now)
+    })
+}
+
+/// Renews the managed certificate when 80 % of its lifetime has passed, until `stop`.
 pub async fn renew_forever(
     cloud: Arc<Cloud>,
     node: String,
@@ -252,8 +260,10 @@ pub async fn renew_forever(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
+        // Wake when renewal is due, and at least every minute (clock changes, rewrites).
+        let wait = Duration::from_secs(until_renewal(&managed, now_unix()).clamp(1, 60));
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
         if !managed.fresh(now_unix()) {

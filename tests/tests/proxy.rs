@@ -764,3 +764,59 @@ fn crud_list_watch_through_the_hub_against_any_apiserver() {
         200
     );
 }
+
+/// A CSR-issued serving certificate is renewed before it expires, without the hub being
+/// restarted: the stand-in signs 6-second certificates, so renewal is due after ~5 s.
+#[test]
+fn csr_certificate_is_renewed_before_expiry() {
+    let ca = Arc::new(TestCa::new("cloud-ca"));
+    let options = Options {
+        auto_approve_csrs: true,
+        csr_cert_lifetime: Duration::from_secs(6),
+        ..Options::default()
+    };
+    let cloud =
+        StandIn::start_with_ca("127.0.0.1:0".parse().unwrap(), options, ca.clone()).unwrap();
+    cloud.state.auth.write().unwrap().add_test_identities();
+    let dir = TempDir::new("renew");
+    let pki = ca.write_hub_pki(dir.path(), NODE, &[]).unwrap();
+    let (tls_port, plain_port, admin_port) = (free_port(), free_port(), free_port());
+    let admin = format!("127.0.0.1:{admin_port}");
+    let _hub = HubProc::start_yaml(None, &admin, None, |_, cache| {
+        format!(
+            "nodeName: {NODE}\ncloud:\n  servers: [\"{}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ncache:\n  dir: {}\n",
+            cloud.url(),
+            pki.ca.display(),
+            pki.node.0.display(),
+            pki.node.1.display(),
+            cache.display()
+        )
+    });
+    let c = Client::new(
+        format!("127.0.0.1:{tls_port}").parse().unwrap(),
+        ca.cert_der(),
+        Some(ADMIN_TOKEN),
+        None,
+    );
+    let first = c.peer_certificate().unwrap();
+    let first_seen = Instant::now();
+    let (_, first_expiry) = hub::x509::validity(&first).unwrap();
+    let renewed = wait_for(
+        "a renewed serving certificate",
+        Duration::from_secs(20),
+        || {
+            let now = c.peer_certificate().ok()?;
+            (now != first).then_some(now)
+        },
+    );
+    let (_, expiry) = hub::x509::validity(&renewed).unwrap();
+    assert!(expiry > first_expiry, "the new certificate lives longer");
+    assert!(
+        hub::certs::now_unix() <= first_expiry,
+        "renewed before the old one expired"
+    );
+    // ... but not long before: renewal waits for 80 % of the lifetime (4.8 of 6 s).
+    let after = first_seen.elapsed();
+    assert!(after >= Duration::from_secs(3), "renewed after {after:?}");
+    assert_eq!(c.get("/api/v1/pods").status, 200);
+}

@@ -81,7 +81,8 @@ fn sign(state: &State, key: Key) {
             let now = time::now_unix() as i64;
             let life = state.options.csr_cert_lifetime.as_secs() as i64;
             params.params.not_before =
-                ::time::OffsetDateTime::from_unix_timestamp(now - 60).map_err(|e| e.to_string())?;
+                ::time::OffsetDateTime::from_unix_timestamp(now - (life / 10).min(60))
+                    .map_err(|e| e.to_string())?;
             params.params.not_after = ::time::OffsetDateTime::from_unix_timestamp(now + life)
                 .map_err(|e| e.to_string())?;
             params
