@@ -7,6 +7,7 @@ pub mod config;
 pub mod coordinator;
 pub mod daemon;
 pub mod intercept;
+pub mod kproto;
 pub mod metrics;
 pub mod proxy;
 pub mod relay;

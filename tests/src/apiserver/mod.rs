@@ -417,8 +417,7 @@ async fn route(
                 Err(resp) => return resp,
             };
             let review = if protobuf {
-                proto::unwrap_unknown(&body)
-                    .and_then(|(_, _, raw)| proto::self_subject_access_review(&raw))
+                proto::self_subject_access_review(&body)
             } else {
                 serde_json::from_slice(&body).ok()
             };

@@ -1,0 +1,334 @@
+//! Kubernetes protobuf without a full decode (design.md §6): every object is `k8s\0` +
+//! runtime.Unknown (typeMeta 1, raw 2, contentEncoding 3, contentType 4); every object keeps
+//! ObjectMeta in field 1 (name 1, namespace 3, resourceVersion 6, labels 11); every List
+//! keeps ListMeta in field 1 (resourceVersion 2, continue 3) and its items in field 2; a
+//! watch stream is 4-byte big-endian length-prefixed frames, each an Unknown wrapping a
+//! WatchEvent (type 1, object 2 = RawExtension { raw 1 }). Reading only these fields lets
+//! the hub slice lists into items and index them without knowing their schemas.
+
+/// The `k8s\0` magic that prefixes every Kubernetes protobuf payload.
+pub const MAGIC: &[u8] = b"k8s\0";
+
+/// One field's value as it is on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Value<'a> {
+    Varint(u64),
+    Fixed64(u64),
+    Bytes(&'a [u8]),
+    Fixed32(u32),
+}
+
+fn varint(buf: &mut &[u8]) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&b, rest) = buf.split_first()?;
+        *buf = rest;
+        v |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// The fields of one message, in wire order; None if the bytes are not a valid message.
+pub fn fields(mut buf: &[u8]) -> Option<Vec<(u64, Value<'_>)>> {
+    let mut out = Vec::new();
+    while !buf.is_empty() {
+        let key = varint(&mut buf)?;
+        let value = match key & 7 {
+            0 => Value::Varint(varint(&mut buf)?),
+            1 => {
+                let (v, rest) = buf.split_first_chunk::<8>()?;
+                buf = rest;
+                Value::Fixed64(u64::from_le_bytes(*v))
+            }
+            2 => {
+                let len = usize::try_from(varint(&mut buf)?).ok()?;
+                let (v, rest) = (buf.get(..len)?, buf.get(len..)?);
+                buf = rest;
+                Value::Bytes(v)
+            }
+            5 => {
+                let (v, rest) = buf.split_first_chunk::<4>()?;
+                buf = rest;
+                Value::Fixed32(u32::from_le_bytes(*v))
+            }
+            _ => return None,
+        };
+        out.push((key >> 3, value));
+    }
+    Some(out)
+}
+
+fn bytes_of<'a>(fs: &[(u64, Value<'a>)], n: u64) -> Option<&'a [u8]> {
+    fs.iter().rev().find_map(|(k, v)| match v {
+        Value::Bytes(b) if *k == n => Some(*b),
+        _ => None,
+    })
+}
+
+fn text(fs: &[(u64, Value<'_>)], n: u64) -> String {
+    bytes_of(fs, n)
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_default()
+}
+
+/// A decoded runtime.Unknown envelope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unknown<'a> {
+    pub api_version: String,
+    pub kind: String,
+    pub raw: &'a [u8],
+}
+
+/// Opens the `k8s\0` + runtime.Unknown envelope of an object, list or watch frame.
+pub fn unwrap(body: &[u8]) -> Option<Unknown<'_>> {
+    let f = fields(body.strip_prefix(MAGIC)?)?;
+    let type_meta = fields(bytes_of(&f, 1).unwrap_or_default())?;
+    Some(Unknown {
+        api_version: text(&type_meta, 1),
+        kind: text(&type_meta, 2),
+        raw: bytes_of(&f, 2).unwrap_or_default(),
+    })
+}
+
+/// The ObjectMeta fields the hub indexes by.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Meta {
+    pub name: String,
+    pub namespace: String,
+    pub resource_version: String,
+    pub labels: Vec<(String, String)>,
+}
+
+/// Reads ObjectMeta from an object's raw bytes (the Unknown's `raw`, or a list item).
+pub fn object_meta(raw: &[u8]) -> Option<Meta> {
+    let object = fields(raw)?;
+    let meta = fields(bytes_of(&object, 1).unwrap_or_default())?;
+    let mut labels = Vec::new();
+    for (n, v) in &meta {
+        if let (11, Value::Bytes(entry)) = (n, v) {
+            let e = fields(entry)?;
+            labels.push((text(&e, 1), text(&e, 2)));
+        }
+    }
+    Some(Meta {
+        name: text(&meta, 1),
+        namespace: text(&meta, 3),
+        resource_version: text(&meta, 6),
+        labels,
+    })
+}
+
+/// A list sliced into its items, each still in its original encoding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct List<'a> {
+    pub resource_version: String,
+    pub continue_token: String,
+    pub items: Vec<&'a [u8]>,
+}
+
+pub fn split_list(raw: &[u8]) -> Option<List<'_>> {
+    let list = fields(raw)?;
+    let meta = fields(bytes_of(&list, 1).unwrap_or_default())?;
+    let items = list
+        .iter()
+        .filter_map(|(n, v)| match v {
+            Value::Bytes(b) if *n == 2 => Some(*b),
+            _ => None,
+        })
+        .collect();
+    Some(List {
+        resource_version: text(&meta, 2),
+        continue_token: text(&meta, 3),
+        items,
+    })
+}
+
+/// One watch event: its type and the object's raw bytes (an Unknown envelope itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchEvent<'a> {
+    pub kind: String,
+    pub object: &'a [u8],
+}
+
+/// Splits complete length-prefixed watch frames off the front of `buf`; returns them and
+/// how many bytes they used (the rest is an incomplete frame to keep for later).
+pub fn watch_frames(buf: &[u8]) -> (Vec<&[u8]>, usize) {
+    let (mut frames, mut used) = (Vec::new(), 0);
+    while let Some(len) = buf
+        .get(used..used + 4)
+        .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)
+    {
+        let Some(frame) = buf.get(used + 4..used + 4 + len) else {
+            break;
+        };
+        frames.push(frame);
+        used += 4 + len;
+    }
+    (frames, used)
+}
+
+/// Reads a watch frame (an Unknown wrapping a WatchEvent).
+pub fn watch_event(frame: &[u8]) -> Option<WatchEvent<'_>> {
+    let event = fields(unwrap(frame)?.raw)?;
+    let object = fields(bytes_of(&event, 2).unwrap_or_default())?;
+    Some(WatchEvent {
+        kind: text(&event, 1),
+        object: bytes_of(&object, 1).unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_pb::{
+        api::core::v1::{Pod, PodList, PodSpec},
+        apimachinery::pkg::{
+            apis::meta::v1::{ListMeta, ObjectMeta, WatchEvent as PbWatchEvent},
+            runtime::{RawExtension, TypeMeta, Unknown as PbUnknown},
+        },
+    };
+    use prost::Message;
+
+    use super::*;
+
+    fn envelope(api_version: &str, kind: &str, raw: Vec<u8>) -> Vec<u8> {
+        let u = PbUnknown {
+            type_meta: Some(TypeMeta {
+                api_version: Some(api_version.into()),
+                kind: Some(kind.into()),
+            }),
+            raw: Some(raw),
+            content_encoding: Some(String::new()),
+            content_type: Some(String::new()),
+        };
+        [MAGIC.to_vec(), u.encode_to_vec()].concat()
+    }
+
+    fn pod(name: &str, rv: &str) -> Pod {
+        Pod {
+            metadata: Some(ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                resource_version: Some(rv.into()),
+                uid: Some("u-1".into()),
+                labels: [
+                    ("app".to_string(), "web".to_string()),
+                    ("tier".into(), "front".into()),
+                ]
+                .into(),
+                ..Default::default()
+            }),
+            spec: Some(PodSpec {
+                node_name: Some("edge-1".into()),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn reads_meta_from_a_real_encoded_pod() {
+        let body = envelope("v1", "Pod", pod("p1", "42").encode_to_vec());
+        let u = unwrap(&body).unwrap();
+        assert_eq!((u.api_version.as_str(), u.kind.as_str()), ("v1", "Pod"));
+        let m = object_meta(u.raw).unwrap();
+        assert_eq!(
+            (
+                m.name.as_str(),
+                m.namespace.as_str(),
+                m.resource_version.as_str()
+            ),
+            ("p1", "default", "42")
+        );
+        let mut labels = m.labels.clone();
+        labels.sort();
+        assert_eq!(
+            labels,
+            vec![
+                ("app".into(), "web".into()),
+                ("tier".into(), "front".into())
+            ]
+        );
+        // The item bytes decode back into the very same Pod.
+        assert_eq!(Pod::decode(u.raw).unwrap(), pod("p1", "42"));
+    }
+
+    #[test]
+    fn slices_a_list_into_items_without_decoding_them() {
+        let list = PodList {
+            metadata: Some(ListMeta {
+                resource_version: Some("100".into()),
+                r#continue: Some("token".into()),
+                ..Default::default()
+            }),
+            items: (0..3)
+                .map(|i| pod(&format!("p{i}"), &format!("{}", 90 + i)))
+                .collect(),
+        };
+        let body = envelope("v1", "PodList", list.encode_to_vec());
+        let l = split_list(unwrap(&body).unwrap().raw).unwrap();
+        assert_eq!(
+            (
+                l.resource_version.as_str(),
+                l.continue_token.as_str(),
+                l.items.len()
+            ),
+            ("100", "token", 3)
+        );
+        for (i, item) in l.items.iter().enumerate() {
+            assert_eq!(object_meta(item).unwrap().name, format!("p{i}"));
+            assert_eq!(
+                Pod::decode(*item).unwrap(),
+                pod(&format!("p{i}"), &format!("{}", 90 + i))
+            );
+        }
+    }
+
+    #[test]
+    fn reads_length_prefixed_watch_frames_across_chunks() {
+        let frame = |t: &str, name: &str| {
+            let ev = PbWatchEvent {
+                r#type: Some(t.into()),
+                object: Some(RawExtension {
+                    raw: Some(envelope("v1", "Pod", pod(name, "7").encode_to_vec())),
+                }),
+            };
+            let body = envelope("meta.k8s.io/v1", "WatchEvent", ev.encode_to_vec());
+            [(body.len() as u32).to_be_bytes().to_vec(), body].concat()
+        };
+        let stream = [frame("ADDED", "a"), frame("MODIFIED", "b")].concat();
+        // Cut in the middle of the second frame: one complete frame, the rest kept.
+        let cut = stream.len() - 5;
+        let (frames, used) = watch_frames(&stream[..cut]);
+        assert_eq!(frames.len(), 1);
+        let (rest, _) = watch_frames(&stream[used..]);
+        assert_eq!(rest.len(), 1);
+        let ev = watch_event(frames[0]).unwrap();
+        assert_eq!(ev.kind, "ADDED");
+        assert_eq!(
+            object_meta(unwrap(ev.object).unwrap().raw).unwrap().name,
+            "a"
+        );
+        assert_eq!(watch_event(rest[0]).unwrap().kind, "MODIFIED");
+    }
+
+    #[test]
+    fn garbage_is_none_not_a_panic() {
+        for bad in [
+            &b""[..],
+            b"k8s",
+            b"k8s\0\xff\xff\xff",
+            b"\x0a\xff",
+            b"k8s\0\x0a\x05ab",
+        ] {
+            let _ = unwrap(bad);
+            let _ = object_meta(bad);
+            let _ = split_list(bad);
+            let _ = watch_frames(bad);
+            let _ = watch_event(bad);
+        }
+        assert_eq!(unwrap(b"no magic"), None);
+    }
+}
