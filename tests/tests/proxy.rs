@@ -4,6 +4,7 @@
 use std::{
     io::{Read, Write},
     net::{SocketAddr, TcpStream},
+    path::{Path, PathBuf},
     process::Command,
     sync::Arc,
     time::{Duration, Instant},
@@ -25,6 +26,60 @@ use hub_tests::{
 use serde_json::{Value, json};
 
 const NODE: &str = "test-node";
+
+/// A hub config for these scenarios: interception off, loopback listeners.
+#[derive(Default)]
+struct HubConfig<'a> {
+    servers: Vec<String>,
+    ca: Option<&'a Path>,
+    node: Option<&'a (PathBuf, PathBuf)>,
+    serving: Option<(&'a Path, &'a Path)>,
+    client_ca: Option<&'a Path>,
+    plain: u16,
+    tls: Option<u16>,
+    admin: String,
+}
+
+impl HubConfig<'_> {
+    fn yaml(&self, cache: &Path) -> String {
+        let list: Vec<String> = self.servers.iter().map(|s| format!("\"{s}\"")).collect();
+        let mut y = format!(
+            "nodeName: {NODE}\ncloud:\n  servers: [{}]\n",
+            list.join(", ")
+        );
+        if let Some(ca) = self.ca {
+            y += &format!("  caFile: {}\n", ca.display());
+        }
+        if let Some((crt, key)) = self.node {
+            y += &format!(
+                "  certFile: {}\n  keyFile: {}\n",
+                crt.display(),
+                key.display()
+            );
+        }
+        y += &format!(
+            "intercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{}\n  admin: {}\n",
+            self.plain, self.admin
+        );
+        if let Some(tls) = self.tls {
+            y += &format!("  tlsProxy: 127.0.0.1:{tls}\n");
+        }
+        if self.serving.is_some() || self.client_ca.is_some() {
+            y += "tls:\n";
+        }
+        if let Some((crt, key)) = self.serving {
+            y += &format!(
+                "  certFile: {}\n  keyFile: {}\n",
+                crt.display(),
+                key.display()
+            );
+        }
+        if let Some(ca) = self.client_ca {
+            y += &format!("  clientCaFile: {}\n", ca.display());
+        }
+        y + &format!("cache:\n  dir: {}\n", cache.display())
+    }
+}
 
 struct Setup {
     clouds: Vec<StandIn>,
@@ -54,21 +109,17 @@ fn setup(n_clouds: usize) -> Setup {
     let dir = TempDir::new("px");
     let pki = ca.write_hub_pki(dir.path(), NODE, &[]).unwrap();
     let (tls_port, plain_port, admin_port) = (free_port(), free_port(), free_port());
-    let servers: Vec<String> = clouds.iter().map(|c| format!("\"{}\"", c.url())).collect();
-    let admin = format!("127.0.0.1:{admin_port}");
-    let hub = HubProc::start_yaml(None, &admin, None, |_, cache| {
-        format!(
-            "nodeName: {NODE}\ncloud:\n  servers: [{}]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\n  clientCaFile: {}\ncache:\n  dir: {}\n",
-            servers.join(", "),
-            pki.ca.display(),
-            pki.node.0.display(),
-            pki.node.1.display(),
-            pki.serving.0.display(),
-            pki.serving.1.display(),
-            pki.ca.display(),
-            cache.display()
-        )
-    });
+    let config = HubConfig {
+        servers: clouds.iter().map(|c| c.url()).collect(),
+        ca: Some(&pki.ca),
+        node: Some(&pki.node),
+        serving: Some((&pki.serving.0, &pki.serving.1)),
+        client_ca: Some(&pki.ca),
+        plain: plain_port,
+        tls: Some(tls_port),
+        admin: format!("127.0.0.1:{admin_port}"),
+    };
+    let hub = HubProc::start_yaml(None, &config.admin, None, |_, cache| config.yaml(cache));
     Setup {
         clouds,
         hub,
@@ -498,13 +549,13 @@ fn an_upstream_that_sends_garbage_gets_a_clear_error() {
         }
     });
     let (plain_port, admin_port) = (free_port(), free_port());
-    let admin = format!("127.0.0.1:{admin_port}");
-    let hub = HubProc::start_yaml(None, &admin, None, |_, cache| {
-        format!(
-            "nodeName: {NODE}\ncloud:\n  servers: [\"http://{junk_addr}\"]\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  admin: {admin}\ncache:\n  dir: {}\n",
-            cache.display()
-        )
-    });
+    let config = HubConfig {
+        servers: vec![format!("http://{junk_addr}")],
+        plain: plain_port,
+        admin: format!("127.0.0.1:{admin_port}"),
+        ..Default::default()
+    };
+    let hub = HubProc::start_yaml(None, &config.admin, None, |_, cache| config.yaml(cache));
     let mut tcp = TcpStream::connect(("127.0.0.1", plain_port)).unwrap();
     tcp.write_all(b"GET /api/v1/pods HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .unwrap();
@@ -596,18 +647,18 @@ fn serving_certificate_by_csr_and_offline_restart() {
     let pki = ca.write_hub_pki(dir.path(), NODE, &[]).unwrap();
     let cache = dir.path().join("cache");
     let (tls_port, plain_port, admin_port) = (free_port(), free_port(), free_port());
-    let admin = format!("127.0.0.1:{admin_port}");
-    let yaml = |_: &std::path::Path, _: &std::path::Path| {
-        format!(
-            "nodeName: {NODE}\ncloud:\n  servers: [\"{}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  clientCaFile: {}\ncache:\n  dir: {}\n",
-            cloud.url(),
-            pki.ca.display(),
-            pki.node.0.display(),
-            pki.node.1.display(),
-            pki.ca.display(),
-            cache.display()
-        )
+    let config = HubConfig {
+        servers: vec![cloud.url()],
+        ca: Some(&pki.ca),
+        node: Some(&pki.node),
+        client_ca: Some(&pki.ca),
+        plain: plain_port,
+        tls: Some(tls_port),
+        admin: format!("127.0.0.1:{admin_port}"),
+        ..Default::default()
     };
+    let admin = config.admin.clone();
+    let yaml = |_: &Path, _: &Path| config.yaml(&cache);
     // An approver, as a cluster operator (or an approver controller) would be.
     let approver = Client::new(cloud.addr, ca.cert_der(), Some(ADMIN_TOKEN), None);
     let approved = std::thread::scope(|scope| {
@@ -696,17 +747,16 @@ fn crud_list_watch_through_the_hub_against_any_apiserver() {
     let cloud_ca = dir.path().join("cloud-ca.crt");
     std::fs::write(&cloud_ca, &cloud.ca_pem).unwrap();
     let (tls_port, plain_port, admin_port) = (free_port(), free_port(), free_port());
-    let admin = format!("127.0.0.1:{admin_port}");
-    let _hub = HubProc::start_yaml(None, &admin, None, |_, cache| {
-        format!(
-            "nodeName: {NODE}\ncloud:\n  servers: [\"{}\"]\n  caFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\ncache:\n  dir: {}\n",
-            cloud.url,
-            cloud_ca.display(),
-            serving_crt.display(),
-            serving_key.display(),
-            cache.display()
-        )
-    });
+    let config = HubConfig {
+        servers: vec![cloud.url.clone()],
+        ca: Some(&cloud_ca),
+        serving: Some((&serving_crt, &serving_key)),
+        plain: plain_port,
+        tls: Some(tls_port),
+        admin: format!("127.0.0.1:{admin_port}"),
+        ..Default::default()
+    };
+    let _hub = HubProc::start_yaml(None, &config.admin, None, |_, cache| config.yaml(cache));
     let c = Client::new(
         format!("127.0.0.1:{tls_port}").parse().unwrap(),
         hub_ca.cert_der(),
@@ -781,17 +831,16 @@ fn csr_certificate_is_renewed_before_expiry() {
     let dir = TempDir::new("renew");
     let pki = ca.write_hub_pki(dir.path(), NODE, &[]).unwrap();
     let (tls_port, plain_port, admin_port) = (free_port(), free_port(), free_port());
-    let admin = format!("127.0.0.1:{admin_port}");
-    let _hub = HubProc::start_yaml(None, &admin, None, |_, cache| {
-        format!(
-            "nodeName: {NODE}\ncloud:\n  servers: [\"{}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ncache:\n  dir: {}\n",
-            cloud.url(),
-            pki.ca.display(),
-            pki.node.0.display(),
-            pki.node.1.display(),
-            cache.display()
-        )
-    });
+    let config = HubConfig {
+        servers: vec![cloud.url()],
+        ca: Some(&pki.ca),
+        node: Some(&pki.node),
+        plain: plain_port,
+        tls: Some(tls_port),
+        admin: format!("127.0.0.1:{admin_port}"),
+        ..Default::default()
+    };
+    let _hub = HubProc::start_yaml(None, &config.admin, None, |_, cache| config.yaml(cache));
     let c = Client::new(
         format!("127.0.0.1:{tls_port}").parse().unwrap(),
         ca.cert_der(),
