@@ -640,3 +640,178 @@ fn starts_fast_with_10k_pods_and_serves_them() {
         list.body.len()
     );
 }
+
+/// (b) A protobuf list and watch of pods decode with a real decoder of the Kubernetes types
+/// (k8s-pb) into the same objects as the JSON form; kinds without a protobuf form here fall
+/// back to JSON when the client also accepts it, and get 406 when it does not.
+#[test]
+fn protobuf_pods_decode_with_k8s_pb_like_the_json_form() {
+    use k8s_pb::{
+        api::core::v1::{Pod, PodList},
+        apimachinery::pkg::apis::meta::v1::{Status, WatchEvent},
+    };
+    use prost::Message;
+
+    let s = standin(Options::default());
+    seed::cluster(&s.state.store, 2, 3);
+    let c = admin(&s);
+    let pb = [(
+        "Accept",
+        "application/vnd.kubernetes.protobuf,application/json",
+    )];
+    let json = c.get("/api/v1/namespaces/default/pods").json();
+    let r = c
+        .request("GET", "/api/v1/namespaces/default/pods", &pb, &[])
+        .unwrap();
+    assert_eq!(
+        r.header("content-type"),
+        Some("application/vnd.kubernetes.protobuf")
+    );
+    let env = hub::kproto::unwrap(&r.body).expect("k8s envelope");
+    assert_eq!(
+        (env.api_version.as_str(), env.kind.as_str()),
+        ("v1", "PodList")
+    );
+    let list = PodList::decode(env.raw).expect("a PodList");
+    let items = json["items"].as_array().unwrap();
+    assert_eq!(list.items.len(), items.len());
+    for (p, j) in list.items.iter().zip(items) {
+        let m = p.metadata.as_ref().unwrap();
+        assert_eq!(m.name.as_deref(), j["metadata"]["name"].as_str());
+        assert_eq!(
+            m.resource_version.as_deref(),
+            j["metadata"]["resourceVersion"].as_str()
+        );
+        assert_eq!(
+            m.labels.get("app").map(String::as_str),
+            j["metadata"]["labels"]["app"].as_str()
+        );
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), j["spec"]["nodeName"].as_str());
+        assert_eq!(
+            spec.containers[0].image.as_deref(),
+            j["spec"]["containers"][0]["image"].as_str()
+        );
+        let status = p.status.as_ref().unwrap();
+        assert_eq!(status.phase.as_deref(), j["status"]["phase"].as_str());
+        assert_eq!(
+            status.container_statuses[0].ready,
+            j["status"]["containerStatuses"][0]["ready"].as_bool()
+        );
+    }
+    assert_eq!(
+        list.metadata.unwrap().resource_version.as_deref(),
+        json["metadata"]["resourceVersion"].as_str()
+    );
+
+    // A single object.
+    let one = c
+        .request("GET", "/api/v1/namespaces/default/pods/pod-1-2", &pb, &[])
+        .unwrap();
+    let pod = Pod::decode(hub::kproto::unwrap(&one.body).unwrap().raw).unwrap();
+    assert_eq!(pod.metadata.unwrap().name.as_deref(), Some("pod-1-2"));
+
+    // A watch replayed from history: length-prefixed frames, the same events as JSON.
+    let rv = json["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let patch = |name: &str| {
+        c.request(
+            "PATCH",
+            &format!("/api/v1/namespaces/default/pods/{name}"),
+            &[("Content-Type", "application/merge-patch+json")],
+            br#"{"metadata":{"labels":{"w":"1"}}}"#,
+        )
+        .unwrap();
+    };
+    patch("pod-0-0");
+    c.request(
+        "DELETE",
+        "/api/v1/namespaces/default/pods/pod-0-1",
+        &[],
+        &[],
+    )
+    .unwrap();
+    let path =
+        format!("/api/v1/namespaces/default/pods?watch=1&resourceVersion={rv}&timeoutSeconds=1");
+    let w = c.request("GET", &path, &pb, &[]).unwrap();
+    assert_eq!(
+        w.header("content-type"),
+        Some("application/vnd.kubernetes.protobuf;stream=watch")
+    );
+    let (frames, used) = hub::kproto::watch_frames(&w.body);
+    assert_eq!(used, w.body.len(), "the body is whole frames");
+    let events: Vec<(String, String)> = frames
+        .iter()
+        .map(|f| {
+            let ev = WatchEvent::decode(hub::kproto::unwrap(f).unwrap().raw).unwrap();
+            let obj = Pod::decode(
+                hub::kproto::unwrap(&ev.object.unwrap().raw.unwrap())
+                    .unwrap()
+                    .raw,
+            )
+            .unwrap();
+            (ev.r#type.unwrap(), obj.metadata.unwrap().name.unwrap())
+        })
+        .collect();
+    let json_watch = c.get(&path);
+    let json_events: Vec<(String, String)> = String::from_utf8_lossy(&json_watch.body)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v["type"].as_str().unwrap().to_string(),
+                v["object"]["metadata"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        events,
+        vec![
+            ("MODIFIED".into(), "pod-0-0".into()),
+            ("DELETED".into(), "pod-0-1".into())
+        ]
+    );
+    assert_eq!(events, json_events);
+
+    // 410 Gone as a protobuf ERROR frame.
+    c.request("POST", "/_standin/compact", &[], &[]).unwrap();
+    seed::configmap(&s.state.store, "default", "bump", json!({}));
+    c.request("POST", "/_standin/compact", &[], &[]).unwrap();
+    let gone = c
+        .request(
+            "GET",
+            &format!("/api/v1/namespaces/default/pods?watch=1&resourceVersion={rv}"),
+            &pb,
+            &[],
+        )
+        .unwrap();
+    let (frames, _) = hub::kproto::watch_frames(&gone.body);
+    let ev = WatchEvent::decode(hub::kproto::unwrap(frames[0]).unwrap().raw).unwrap();
+    assert_eq!(ev.r#type.as_deref(), Some("ERROR"));
+    let status = Status::decode(
+        hub::kproto::unwrap(&ev.object.unwrap().raw.unwrap())
+            .unwrap()
+            .raw,
+    )
+    .unwrap();
+    assert_eq!(status.code, Some(410));
+
+    // Nodes have no protobuf form here: JSON when acceptable, 406 when not.
+    let nodes = c.request("GET", "/api/v1/nodes", &pb, &[]).unwrap();
+    assert_eq!(nodes.header("content-type"), Some("application/json"));
+    let only_pb = c
+        .request(
+            "GET",
+            "/api/v1/nodes",
+            &[("Accept", "application/vnd.kubernetes.protobuf")],
+            &[],
+        )
+        .unwrap();
+    assert_eq!(only_pb.status, 406);
+}

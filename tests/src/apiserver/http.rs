@@ -73,10 +73,13 @@ pub fn bad_request(message: &str) -> Response<Body> {
 pub enum Format {
     Json,
     Table,
+    /// Kubernetes protobuf (only for kinds with a protobuf form, see `protobuf`).
+    Protobuf,
 }
 
-/// Content negotiation over Accept, in the client's order of preference.
-pub fn negotiate(accept: Option<&str>) -> Option<Format> {
+/// Content negotiation over Accept for a resource of `kind`, in the client's order of
+/// preference; protobuf is chosen only where the kind has a protobuf form here.
+pub fn negotiate(accept: Option<&str>, kind: &str) -> Option<Format> {
     let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
         return Some(Format::Json);
     };
@@ -94,6 +97,9 @@ pub fn negotiate(accept: Option<&str>) -> Option<Format> {
             }
             "application/json" if params.contains_key("as") => {}
             "application/json" | "*/*" | "application/*" => return Some(Format::Json),
+            "application/vnd.kubernetes.protobuf" if super::protobuf::supported(kind) => {
+                return Some(Format::Protobuf);
+            }
             _ => {}
         }
     }
@@ -365,7 +371,7 @@ pub async fn resource_request(
         .map(str::to_string);
     let format = match sub {
         Some("log" | "exec" | "attach") => Format::Json,
-        _ => match negotiate(accept.as_deref()) {
+        _ => match negotiate(accept.as_deref(), r.kind) {
             Some(f) => f,
             None => return not_acceptable(),
         },
@@ -473,6 +479,9 @@ fn get(state: &State, t: &Target, format: Format) -> Response<Body> {
                 json!({"resourceVersion": rv_of(&obj).to_string()}),
             ),
         ),
+        Some(obj) if format == Format::Protobuf => {
+            protobuf_response(super::protobuf::object(r.kind, &obj))
+        }
         Some(obj) => json_response(StatusCode::OK, &obj),
         None => not_found(r, name),
     }
@@ -562,11 +571,31 @@ fn list(state: &State, t: &Target, q: &HashMap<String, String>, format: Format) 
         let objs: Vec<&Value> = page.items.iter().map(|a| a.as_ref()).collect();
         return json_response(StatusCode::OK, &table::table(r, &objs, meta));
     }
+    if format == Format::Protobuf {
+        let objs: Vec<&Value> = page.items.iter().map(|a| a.as_ref()).collect();
+        let token = meta["continue"].as_str().map(String::from);
+        let remaining = page.last.as_ref().map(|_| page.remaining as i64);
+        return protobuf_response(super::protobuf::list(
+            r.kind,
+            &objs,
+            &page.rv.to_string(),
+            token.as_deref(),
+            remaining,
+        ));
+    }
     let items: Vec<Value> = page.items.iter().map(|o| list_item(r, o)).collect();
     json_response(
         StatusCode::OK,
         &json!({"kind": format!("{}List", r.kind), "apiVersion": r.api_version(), "metadata": meta, "items": items}),
     )
+}
+
+fn protobuf_response(body: Vec<u8>) -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, super::protobuf::CONTENT_TYPE)
+        .body(full(body))
+        .expect("response")
 }
 
 fn uid() -> String {

@@ -13,6 +13,7 @@ pub mod faults;
 pub mod http;
 pub mod patch;
 pub mod proto;
+pub mod protobuf;
 pub mod resources;
 pub mod seed;
 pub mod select;

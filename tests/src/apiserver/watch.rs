@@ -73,7 +73,9 @@ pub async fn watch(
     };
 
     let encode = move |kind: &str, obj: &Value| -> Bytes {
-        if format == Format::Table && kind != "ERROR" && kind != "BOOKMARK" {
+        if format == Format::Protobuf {
+            Bytes::from(super::protobuf::watch_frame(kind, r.kind, obj))
+        } else if format == Format::Table && kind != "ERROR" && kind != "BOOKMARK" {
             line(
                 kind,
                 &table::table(
@@ -106,7 +108,7 @@ pub async fn watch(
         if initial_events {
             let mark = json!({"kind": r.kind, "apiVersion": r.api_version(),
                 "metadata": {"resourceVersion": page.rv.to_string(), "annotations": {"k8s.io/initial-events-end": "true"}}});
-            first.push(line("BOOKMARK", &mark));
+            first.push(encode("BOOKMARK", &mark));
         }
     } else {
         let Ok(from) = rv_param.parse::<u64>() else {
@@ -126,8 +128,14 @@ pub async fn watch(
                     "message": format!("too old resource version: {requested} ({oldest})"), "reason": "Expired", "code": 410});
                 // Streamed like any watch (200, chunked), then closed, as kube-apiserver does.
                 let (tx, rx) = mpsc::channel(1);
-                let _ = tx.try_send(line("ERROR", &status));
-                return watch_response(http_body_util::BodyExt::boxed(ChannelBody(rx)));
+                let frame = if format == Format::Protobuf {
+                    let message = status["message"].as_str().unwrap_or_default();
+                    Bytes::from(super::protobuf::error_frame(410, "Expired", message))
+                } else {
+                    line("ERROR", &status)
+                };
+                let _ = tx.try_send(frame);
+                return watch_response(http_body_util::BodyExt::boxed(ChannelBody(rx)), format);
             }
             Err(_) => return bad_request("watch failed"),
         }
@@ -187,7 +195,7 @@ pub async fn watch(
                     if progress > bookmark_sent {
                         bookmark_sent = progress;
                         let mark = json!({"kind": r.kind, "apiVersion": r.api_version(), "metadata": {"resourceVersion": progress.to_string()}});
-                        if tx.send(line("BOOKMARK", &mark)).await.is_err() {
+                        if tx.send(encode("BOOKMARK", &mark)).await.is_err() {
                             return;
                         }
                     }
@@ -197,13 +205,18 @@ pub async fn watch(
             }
         }
     });
-    watch_response(http_body_util::BodyExt::boxed(ChannelBody(rx)))
+    watch_response(http_body_util::BodyExt::boxed(ChannelBody(rx)), format)
 }
 
-fn watch_response(body: Body) -> Response<Body> {
+fn watch_response(body: Body, format: Format) -> Response<Body> {
+    let content_type = if format == Format::Protobuf {
+        super::protobuf::WATCH_CONTENT_TYPE
+    } else {
+        "application/json"
+    };
     Response::builder()
         .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_TYPE, content_type)
         .body(body)
         .expect("response")
 }
