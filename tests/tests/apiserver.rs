@@ -802,13 +802,55 @@ fn protobuf_pods_decode_with_k8s_pb_like_the_json_form() {
     .unwrap();
     assert_eq!(status.code, Some(410));
 
-    // Nodes have no protobuf form here: JSON when acceptable, 406 when not.
-    let nodes = c.request("GET", "/api/v1/nodes", &pb, &[]).unwrap();
-    assert_eq!(nodes.header("content-type"), Some("application/json"));
+    // The other core kinds kubelet and kube-proxy read, decoded with k8s-pb.
+    seed::service(&s.state.store, "default", "web", 80);
+    let node_list = c.request("GET", "/api/v1/nodes", &pb, &[]).unwrap();
+    let nodes =
+        k8s_pb::api::core::v1::NodeList::decode(hub::kproto::unwrap(&node_list.body).unwrap().raw)
+            .unwrap();
+    assert_eq!(nodes.items.len(), 2);
+    let ready = &nodes.items[0].status.as_ref().unwrap().conditions[0];
+    assert_eq!(
+        (ready.r#type.as_deref(), ready.status.as_deref()),
+        (Some("Ready"), Some("True"))
+    );
+    let svc = c
+        .request("GET", "/api/v1/namespaces/default/services/web", &pb, &[])
+        .unwrap();
+    let svc = k8s_pb::api::core::v1::Service::decode(hub::kproto::unwrap(&svc.body).unwrap().raw)
+        .unwrap();
+    assert_eq!(svc.spec.unwrap().ports[0].port, Some(80));
+    let slices = c
+        .request(
+            "GET",
+            "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+            &pb,
+            &[],
+        )
+        .unwrap();
+    let env = hub::kproto::unwrap(&slices.body).unwrap();
+    assert_eq!(
+        (env.api_version.as_str(), env.kind.as_str()),
+        ("discovery.k8s.io/v1", "EndpointSliceList")
+    );
+    let slices = k8s_pb::api::discovery::v1::EndpointSliceList::decode(env.raw).unwrap();
+    assert_eq!(slices.items[0].address_type.as_deref(), Some("IPv4"));
+
+    // A kind without a protobuf form (the CRD, as with kube-apiserver): JSON when
+    // acceptable, 406 when not.
+    let widgets = c
+        .request(
+            "GET",
+            "/apis/example.hub.dev/v1/namespaces/default/widgets",
+            &pb,
+            &[],
+        )
+        .unwrap();
+    assert_eq!(widgets.header("content-type"), Some("application/json"));
     let only_pb = c
         .request(
             "GET",
-            "/api/v1/nodes",
+            "/apis/example.hub.dev/v1/namespaces/default/widgets",
             &[("Accept", "application/vnd.kubernetes.protobuf")],
             &[],
         )

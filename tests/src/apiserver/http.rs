@@ -480,7 +480,7 @@ fn get(state: &State, t: &Target, format: Format) -> Response<Body> {
             ),
         ),
         Some(obj) if format == Format::Protobuf => {
-            protobuf_response(super::protobuf::object(r.kind, &obj))
+            protobuf_response(super::protobuf::object(&r.api_version(), r.kind, &obj))
         }
         Some(obj) => json_response(StatusCode::OK, &obj),
         None => not_found(r, name),
@@ -576,6 +576,7 @@ fn list(state: &State, t: &Target, q: &HashMap<String, String>, format: Format) 
         let token = meta["continue"].as_str().map(String::from);
         let remaining = page.last.as_ref().map(|_| page.remaining as i64);
         return protobuf_response(super::protobuf::list(
+            &r.api_version(),
             r.kind,
             &objs,
             &page.rv.to_string(),

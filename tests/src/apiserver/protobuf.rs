@@ -1,6 +1,7 @@
-//! Kubernetes protobuf answers for the kinds kubelet and kube-proxy read most, Pods (and
-//! ConfigMaps): objects in the `k8s\0` + runtime.Unknown envelope, lists, and
-//! length-prefixed watch frames, encoded with the real k8s-pb types.
+//! Kubernetes protobuf answers for the core kinds (pods, nodes, services, endpoints,
+//! endpointslices, configmaps, secrets, namespaces, leases): objects in the `k8s\0` +
+//! runtime.Unknown envelope, lists, and length-prefixed watch frames, encoded with the real
+//! k8s-pb types.
 //!
 //! The stand-in keeps objects as JSON, so encoding maps a declared subset of fields; fields
 //! outside it are not in the protobuf form (the JSON form has everything). Other kinds are
@@ -8,10 +9,12 @@
 use std::collections::BTreeMap;
 
 use k8s_pb::{
-    api::core::v1 as core,
+    api::{coordination::v1 as coordination, core::v1 as core, discovery::v1 as discovery},
     apimachinery::pkg::{
-        apis::meta::v1::{ListMeta, ObjectMeta, Status, Time, WatchEvent},
+        api::resource::Quantity,
+        apis::meta::v1::{ListMeta, MicroTime, ObjectMeta, Status, Time, WatchEvent},
         runtime::{RawExtension, TypeMeta, Unknown},
+        util::intstr::IntOrString,
     },
 };
 use prost::Message;
@@ -22,7 +25,18 @@ pub const WATCH_CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf;stream
 
 /// Kinds with a protobuf form here.
 pub fn supported(kind: &str) -> bool {
-    matches!(kind, "Pod" | "ConfigMap")
+    matches!(
+        kind,
+        "Pod"
+            | "ConfigMap"
+            | "Node"
+            | "Service"
+            | "Endpoints"
+            | "EndpointSlice"
+            | "Secret"
+            | "Namespace"
+            | "Lease"
+    )
 }
 
 fn s(v: &Value) -> Option<String> {
@@ -189,10 +203,241 @@ fn configmap(o: &Value) -> core::ConfigMap {
     }
 }
 
+fn list_of<T>(v: &Value, f: impl Fn(&Value) -> T) -> Vec<T> {
+    v.as_array()
+        .map(|a| a.iter().map(f).collect())
+        .unwrap_or_default()
+}
+
+fn object_ref(v: &Value) -> Option<core::ObjectReference> {
+    v.is_object().then(|| core::ObjectReference {
+        kind: s(&v["kind"]),
+        namespace: s(&v["namespace"]),
+        name: s(&v["name"]),
+        uid: s(&v["uid"]),
+        ..Default::default()
+    })
+}
+
+fn micro_time(v: &Value) -> Option<MicroTime> {
+    time(v).map(|t| MicroTime {
+        seconds: t.seconds,
+        nanos: t.nanos,
+    })
+}
+
+fn node(o: &Value) -> core::Node {
+    let (spec, status) = (&o["spec"], &o["status"]);
+    let quantities = |v: &Value| {
+        v.as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, q)| (k.clone(), Quantity { string: s(q) }))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let info = &status["nodeInfo"];
+    core::Node {
+        metadata: Some(meta(&o["metadata"])),
+        spec: Some(core::NodeSpec {
+            pod_cidr: s(&spec["podCIDR"]),
+            pod_cid_rs: strings(&spec["podCIDRs"]),
+            provider_id: s(&spec["providerID"]),
+            unschedulable: spec["unschedulable"].as_bool(),
+            taints: list_of(&spec["taints"], |t| core::Taint {
+                key: s(&t["key"]),
+                value: s(&t["value"]),
+                effect: s(&t["effect"]),
+                time_added: time(&t["timeAdded"]),
+            }),
+            ..Default::default()
+        }),
+        status: Some(core::NodeStatus {
+            capacity: quantities(&status["capacity"]),
+            allocatable: quantities(&status["allocatable"]),
+            conditions: list_of(&status["conditions"], |c| core::NodeCondition {
+                r#type: s(&c["type"]),
+                status: s(&c["status"]),
+                reason: s(&c["reason"]),
+                message: s(&c["message"]),
+                last_heartbeat_time: time(&c["lastHeartbeatTime"]),
+                last_transition_time: time(&c["lastTransitionTime"]),
+            }),
+            addresses: list_of(&status["addresses"], |a| core::NodeAddress {
+                r#type: s(&a["type"]),
+                address: s(&a["address"]),
+            }),
+            node_info: info.is_object().then(|| core::NodeSystemInfo {
+                kubelet_version: s(&info["kubeletVersion"]),
+                kernel_version: s(&info["kernelVersion"]),
+                os_image: s(&info["osImage"]),
+                container_runtime_version: s(&info["containerRuntimeVersion"]),
+                operating_system: s(&info["operatingSystem"]),
+                architecture: s(&info["architecture"]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+fn int_or_string(v: &Value) -> Option<IntOrString> {
+    match v {
+        Value::Number(n) => Some(IntOrString {
+            r#type: Some(0),
+            int_val: n.as_i64().map(|i| i as i32),
+            str_val: None,
+        }),
+        Value::String(t) => Some(IntOrString {
+            r#type: Some(1),
+            int_val: None,
+            str_val: Some(t.clone()),
+        }),
+        _ => None,
+    }
+}
+
+fn service(o: &Value) -> core::Service {
+    let spec = &o["spec"];
+    core::Service {
+        metadata: Some(meta(&o["metadata"])),
+        spec: Some(core::ServiceSpec {
+            ports: list_of(&spec["ports"], |p| core::ServicePort {
+                name: s(&p["name"]),
+                protocol: s(&p["protocol"]),
+                app_protocol: s(&p["appProtocol"]),
+                port: int(&p["port"]),
+                target_port: int_or_string(&p["targetPort"]),
+                node_port: int(&p["nodePort"]),
+            }),
+            selector: map(&spec["selector"]),
+            cluster_ip: s(&spec["clusterIP"]),
+            cluster_ips: strings(&spec["clusterIPs"]),
+            r#type: s(&spec["type"]),
+            session_affinity: s(&spec["sessionAffinity"]),
+            ip_families: strings(&spec["ipFamilies"]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn endpoints(o: &Value) -> core::Endpoints {
+    let address = |a: &Value| core::EndpointAddress {
+        ip: s(&a["ip"]),
+        hostname: s(&a["hostname"]),
+        node_name: s(&a["nodeName"]),
+        target_ref: object_ref(&a["targetRef"]),
+    };
+    core::Endpoints {
+        metadata: Some(meta(&o["metadata"])),
+        subsets: list_of(&o["subsets"], |sub| core::EndpointSubset {
+            addresses: list_of(&sub["addresses"], address),
+            not_ready_addresses: list_of(&sub["notReadyAddresses"], address),
+            ports: list_of(&sub["ports"], |p| core::EndpointPort {
+                name: s(&p["name"]),
+                port: int(&p["port"]),
+                protocol: s(&p["protocol"]),
+                app_protocol: s(&p["appProtocol"]),
+            }),
+        }),
+    }
+}
+
+fn endpoint_slice(o: &Value) -> discovery::EndpointSlice {
+    discovery::EndpointSlice {
+        metadata: Some(meta(&o["metadata"])),
+        address_type: s(&o["addressType"]),
+        endpoints: list_of(&o["endpoints"], |e| discovery::Endpoint {
+            addresses: strings(&e["addresses"]),
+            conditions: e["conditions"]
+                .is_object()
+                .then(|| discovery::EndpointConditions {
+                    ready: e["conditions"]["ready"].as_bool(),
+                    serving: e["conditions"]["serving"].as_bool(),
+                    terminating: e["conditions"]["terminating"].as_bool(),
+                }),
+            hostname: s(&e["hostname"]),
+            target_ref: object_ref(&e["targetRef"]),
+            node_name: s(&e["nodeName"]),
+            zone: s(&e["zone"]),
+            ..Default::default()
+        }),
+        ports: list_of(&o["ports"], |p| discovery::EndpointPort {
+            name: s(&p["name"]),
+            protocol: s(&p["protocol"]),
+            port: int(&p["port"]),
+            app_protocol: s(&p["appProtocol"]),
+        }),
+    }
+}
+
+fn secret(o: &Value) -> core::Secret {
+    use base64::Engine;
+    let data = o["data"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| {
+                    Some((
+                        k.clone(),
+                        base64::engine::general_purpose::STANDARD
+                            .decode(v.as_str()?)
+                            .ok()?,
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    core::Secret {
+        metadata: Some(meta(&o["metadata"])),
+        immutable: o["immutable"].as_bool(),
+        data,
+        string_data: Default::default(),
+        r#type: s(&o["type"]),
+    }
+}
+
+fn namespace(o: &Value) -> core::Namespace {
+    core::Namespace {
+        metadata: Some(meta(&o["metadata"])),
+        spec: Some(core::NamespaceSpec {
+            finalizers: strings(&o["spec"]["finalizers"]),
+        }),
+        status: Some(core::NamespaceStatus {
+            phase: s(&o["status"]["phase"]),
+            conditions: vec![],
+        }),
+    }
+}
+
+fn lease(o: &Value) -> coordination::Lease {
+    let spec = &o["spec"];
+    coordination::Lease {
+        metadata: Some(meta(&o["metadata"])),
+        spec: Some(coordination::LeaseSpec {
+            holder_identity: s(&spec["holderIdentity"]),
+            lease_duration_seconds: int(&spec["leaseDurationSeconds"]),
+            acquire_time: micro_time(&spec["acquireTime"]),
+            renew_time: micro_time(&spec["renewTime"]),
+            lease_transitions: int(&spec["leaseTransitions"]),
+            ..Default::default()
+        }),
+    }
+}
+
 /// The object's protobuf bytes (without envelope).
 fn raw(kind: &str, o: &Value) -> Vec<u8> {
     match kind {
         "Pod" => pod(o).encode_to_vec(),
+        "Node" => node(o).encode_to_vec(),
+        "Service" => service(o).encode_to_vec(),
+        "Endpoints" => endpoints(o).encode_to_vec(),
+        "EndpointSlice" => endpoint_slice(o).encode_to_vec(),
+        "Secret" => secret(o).encode_to_vec(),
+        "Namespace" => namespace(o).encode_to_vec(),
+        "Lease" => lease(o).encode_to_vec(),
         _ => configmap(o).encode_to_vec(),
     }
 }
@@ -211,45 +456,50 @@ fn envelope(api_version: &str, kind: &str, raw: Vec<u8>) -> Vec<u8> {
 }
 
 /// One object, as GET answers it.
-pub fn object(kind: &str, o: &Value) -> Vec<u8> {
-    envelope("v1", kind, raw(kind, o))
+pub fn object(api_version: &str, kind: &str, o: &Value) -> Vec<u8> {
+    envelope(api_version, kind, raw(kind, o))
 }
 
 /// A list of `items` with the list's metadata.
 pub fn list(
+    api_version: &str,
     kind: &str,
     items: &[&Value],
     rv: &str,
     continue_token: Option<&str>,
     remaining: Option<i64>,
 ) -> Vec<u8> {
-    let meta = ListMeta {
+    let meta = Some(ListMeta {
         resource_version: Some(rv.into()),
         r#continue: continue_token.map(String::from),
         remaining_item_count: remaining,
         ..Default::default()
-    };
+    });
+    macro_rules! encode {
+        ($($list:ident)::+, $item:ident) => {
+            $($list)::+ { metadata: meta, items: items.iter().map(|o| $item(o)).collect() }.encode_to_vec()
+        };
+    }
     let body = match kind {
-        "Pod" => core::PodList {
-            metadata: Some(meta),
-            items: items.iter().map(|o| pod(o)).collect(),
-        }
-        .encode_to_vec(),
-        _ => core::ConfigMapList {
-            metadata: Some(meta),
-            items: items.iter().map(|o| configmap(o)).collect(),
-        }
-        .encode_to_vec(),
+        "Pod" => encode!(core::PodList, pod),
+        "Node" => encode!(core::NodeList, node),
+        "Service" => encode!(core::ServiceList, service),
+        "Endpoints" => encode!(core::EndpointsList, endpoints),
+        "EndpointSlice" => encode!(discovery::EndpointSliceList, endpoint_slice),
+        "Secret" => encode!(core::SecretList, secret),
+        "Namespace" => encode!(core::NamespaceList, namespace),
+        "Lease" => encode!(coordination::LeaseList, lease),
+        _ => encode!(core::ConfigMapList, configmap),
     };
-    envelope("v1", &format!("{kind}List"), body)
+    envelope(api_version, &format!("{kind}List"), body)
 }
 
 /// One length-prefixed watch frame: a WatchEvent whose object is the enveloped object.
-pub fn watch_frame(event_type: &str, kind: &str, o: &Value) -> Vec<u8> {
+pub fn watch_frame(event_type: &str, api_version: &str, kind: &str, o: &Value) -> Vec<u8> {
     let event = WatchEvent {
         r#type: Some(event_type.into()),
         object: Some(RawExtension {
-            raw: Some(object(kind, o)),
+            raw: Some(object(api_version, kind, o)),
         }),
     };
     let body = envelope("meta.k8s.io/v1", "WatchEvent", event.encode_to_vec());

@@ -74,7 +74,12 @@ pub async fn watch(
 
     let encode = move |kind: &str, obj: &Value| -> Bytes {
         if format == Format::Protobuf {
-            Bytes::from(super::protobuf::watch_frame(kind, r.kind, obj))
+            Bytes::from(super::protobuf::watch_frame(
+                kind,
+                &r.api_version(),
+                r.kind,
+                obj,
+            ))
         } else if format == Format::Table && kind != "ERROR" && kind != "BOOKMARK" {
             line(
                 kind,
