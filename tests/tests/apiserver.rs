@@ -836,6 +836,38 @@ fn protobuf_pods_decode_with_k8s_pb_like_the_json_form() {
     let slices = k8s_pb::api::discovery::v1::EndpointSliceList::decode(env.raw).unwrap();
     assert_eq!(slices.items[0].address_type.as_deref(), Some("IPv4"));
 
+    let created = c.send_json(
+        "POST",
+        "/apis/certificates.k8s.io/v1/certificatesigningrequests",
+        &json!({"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest", "metadata": {"name": "csr-1"},
+                "spec": {"request": "cmVxdWVzdA==", "signerName": "kubernetes.io/kubelet-serving", "usages": ["server auth"]}}),
+    );
+    assert_eq!(created.status, 201);
+    let csr = c
+        .request(
+            "GET",
+            "/apis/certificates.k8s.io/v1/certificatesigningrequests/csr-1",
+            &pb,
+            &[],
+        )
+        .unwrap();
+    assert_eq!(
+        csr.header("content-type"),
+        Some("application/vnd.kubernetes.protobuf"),
+        "{} {}",
+        csr.status,
+        String::from_utf8_lossy(&csr.body)
+    );
+    let csr = k8s_pb::api::certificates::v1::CertificateSigningRequest::decode(
+        hub::kproto::unwrap(&csr.body).unwrap().raw,
+    )
+    .unwrap();
+    let spec = csr.spec.unwrap();
+    assert_eq!(
+        (spec.signer_name.as_deref(), spec.request.as_deref()),
+        (Some("kubernetes.io/kubelet-serving"), Some(&b"request"[..]))
+    );
+
     // A kind without a protobuf form (the CRD, as with kube-apiserver): JSON when
     // acceptable, 406 when not.
     let widgets = c

@@ -1,5 +1,6 @@
 //! Kubernetes protobuf answers for the core kinds (pods, nodes, services, endpoints,
-//! endpointslices, configmaps, secrets, namespaces, leases): objects in the `k8s\0` +
+//! endpointslices, configmaps, secrets, serviceaccounts, events, namespaces, leases,
+//! certificatesigningrequests): objects in the `k8s\0` +
 //! runtime.Unknown envelope, lists, and length-prefixed watch frames, encoded with the real
 //! k8s-pb types.
 //!
@@ -9,7 +10,10 @@
 use std::collections::BTreeMap;
 
 use k8s_pb::{
-    api::{coordination::v1 as coordination, core::v1 as core, discovery::v1 as discovery},
+    api::{
+        certificates::v1 as certificates, coordination::v1 as coordination, core::v1 as core,
+        discovery::v1 as discovery,
+    },
     apimachinery::pkg::{
         api::resource::Quantity,
         apis::meta::v1::{ListMeta, MicroTime, ObjectMeta, Status, Time, WatchEvent},
@@ -36,6 +40,9 @@ pub fn supported(kind: &str) -> bool {
             | "Secret"
             | "Namespace"
             | "Lease"
+            | "Event"
+            | "ServiceAccount"
+            | "CertificateSigningRequest"
     )
 }
 
@@ -427,6 +434,74 @@ fn lease(o: &Value) -> coordination::Lease {
     }
 }
 
+fn event(o: &Value) -> core::Event {
+    core::Event {
+        metadata: Some(meta(&o["metadata"])),
+        involved_object: object_ref(&o["involvedObject"]),
+        reason: s(&o["reason"]),
+        message: s(&o["message"]),
+        source: o["source"].is_object().then(|| core::EventSource {
+            component: s(&o["source"]["component"]),
+            host: s(&o["source"]["host"]),
+        }),
+        first_timestamp: time(&o["firstTimestamp"]),
+        last_timestamp: time(&o["lastTimestamp"]),
+        count: int(&o["count"]),
+        r#type: s(&o["type"]),
+        event_time: micro_time(&o["eventTime"]),
+        action: s(&o["action"]),
+        reporting_component: s(&o["reportingComponent"]),
+        reporting_instance: s(&o["reportingInstance"]),
+        ..Default::default()
+    }
+}
+
+fn service_account(o: &Value) -> core::ServiceAccount {
+    core::ServiceAccount {
+        metadata: Some(meta(&o["metadata"])),
+        secrets: list_of(&o["secrets"], |r| object_ref(r).unwrap_or_default()),
+        image_pull_secrets: list_of(&o["imagePullSecrets"], |r| core::LocalObjectReference {
+            name: s(&r["name"]),
+        }),
+        automount_service_account_token: o["automountServiceAccountToken"].as_bool(),
+    }
+}
+
+fn csr(o: &Value) -> certificates::CertificateSigningRequest {
+    use base64::Engine;
+    let bytes = |v: &Value| {
+        v.as_str()
+            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+    };
+    let (spec, status) = (&o["spec"], &o["status"]);
+    certificates::CertificateSigningRequest {
+        metadata: Some(meta(&o["metadata"])),
+        spec: Some(certificates::CertificateSigningRequestSpec {
+            request: bytes(&spec["request"]),
+            signer_name: s(&spec["signerName"]),
+            expiration_seconds: int(&spec["expirationSeconds"]),
+            usages: strings(&spec["usages"]),
+            username: s(&spec["username"]),
+            uid: s(&spec["uid"]),
+            groups: strings(&spec["groups"]),
+            ..Default::default()
+        }),
+        status: Some(certificates::CertificateSigningRequestStatus {
+            conditions: list_of(&status["conditions"], |c| {
+                certificates::CertificateSigningRequestCondition {
+                    r#type: s(&c["type"]),
+                    status: s(&c["status"]),
+                    reason: s(&c["reason"]),
+                    message: s(&c["message"]),
+                    last_update_time: time(&c["lastUpdateTime"]),
+                    last_transition_time: time(&c["lastTransitionTime"]),
+                }
+            }),
+            certificate: bytes(&status["certificate"]),
+        }),
+    }
+}
+
 /// The object's protobuf bytes (without envelope).
 fn raw(kind: &str, o: &Value) -> Vec<u8> {
     match kind {
@@ -438,6 +513,9 @@ fn raw(kind: &str, o: &Value) -> Vec<u8> {
         "Secret" => secret(o).encode_to_vec(),
         "Namespace" => namespace(o).encode_to_vec(),
         "Lease" => lease(o).encode_to_vec(),
+        "Event" => event(o).encode_to_vec(),
+        "ServiceAccount" => service_account(o).encode_to_vec(),
+        "CertificateSigningRequest" => csr(o).encode_to_vec(),
         _ => configmap(o).encode_to_vec(),
     }
 }
@@ -489,6 +567,9 @@ pub fn list(
         "Secret" => encode!(core::SecretList, secret),
         "Namespace" => encode!(core::NamespaceList, namespace),
         "Lease" => encode!(coordination::LeaseList, lease),
+        "Event" => encode!(core::EventList, event),
+        "ServiceAccount" => encode!(core::ServiceAccountList, service_account),
+        "CertificateSigningRequest" => encode!(certificates::CertificateSigningRequestList, csr),
         _ => encode!(core::ConfigMapList, configmap),
     };
     envelope(api_version, &format!("{kind}List"), body)
