@@ -577,11 +577,14 @@ pub fn list(
 
 /// One length-prefixed watch frame: a WatchEvent whose object is the enveloped object.
 pub fn watch_frame(event_type: &str, api_version: &str, kind: &str, o: &Value) -> Vec<u8> {
+    event_frame(event_type, object(api_version, kind, o))
+}
+
+/// A WatchEvent around an enveloped object, in its envelope, length-prefixed.
+fn event_frame(event_type: &str, object: Vec<u8>) -> Vec<u8> {
     let event = WatchEvent {
         r#type: Some(event_type.into()),
-        object: Some(RawExtension {
-            raw: Some(object(api_version, kind, o)),
-        }),
+        object: Some(RawExtension { raw: Some(object) }),
     };
     let body = envelope("meta.k8s.io/v1", "WatchEvent", event.encode_to_vec());
     [(body.len() as u32).to_be_bytes().to_vec(), body].concat()
@@ -597,12 +600,5 @@ pub fn error_frame(code: i32, reason: &str, message: &str) -> Vec<u8> {
         details: None,
         code: Some(code),
     };
-    let event = WatchEvent {
-        r#type: Some("ERROR".into()),
-        object: Some(RawExtension {
-            raw: Some(envelope("v1", "Status", status.encode_to_vec())),
-        }),
-    };
-    let body = envelope("meta.k8s.io/v1", "WatchEvent", event.encode_to_vec());
-    [(body.len() as u32).to_be_bytes().to_vec(), body].concat()
+    event_frame("ERROR", envelope("v1", "Status", status.encode_to_vec()))
 }
