@@ -127,6 +127,12 @@ pub struct CacheConfig {
     /// Local state directory (cache store, key ownership, certificates).
     #[serde(default = "default_cache_dir")]
     pub dir: PathBuf,
+    /// Turn the local cache off (the hub then only forwards).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Components (User-Agent's first word, lowercase) whose answers are cached.
+    #[serde(default = "default_cache_components")]
+    pub components: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -170,6 +176,9 @@ fn default_admin() -> SocketAddr {
 fn default_cache_dir() -> PathBuf {
     "/var/lib/hub".into()
 }
+fn default_cache_components() -> Vec<String> {
+    crate::cache::DEFAULT_COMPONENTS.map(String::from).to_vec()
+}
 fn default_prefix() -> String {
     "/registry".into()
 }
@@ -210,6 +219,8 @@ impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
             dir: default_cache_dir(),
+            enabled: true,
+            components: default_cache_components(),
         }
     }
 }

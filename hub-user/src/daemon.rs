@@ -8,7 +8,9 @@ use std::{
 use tokio::{net::TcpListener, sync::watch};
 
 use crate::{
-    admin, certs,
+    admin,
+    cache::Cache,
+    certs,
     config::Config,
     intercept::{self, Interceptor, OriginLookup},
     proxy::{Listener, Proxy, serving},
@@ -239,6 +241,25 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
     let admin_listener = bind(config.listen.admin).await?;
     tokio::spawn(admin::serve(admin_listener, state.clone(), stop_rx.clone()));
 
+    // The cache opens before any listener, so the first request can already be answered
+    // from it (an offline start answers from a warm cache at once).
+    let cache = if config.cache.enabled {
+        match Cache::open(&config.cache.dir, config.cache.components.clone()) {
+            Ok((c, _note)) => {
+                let c = Arc::new(c);
+                state.set_cache(c.clone());
+                Some(c)
+            }
+            Err(e) => {
+                tracing::error!("local cache unavailable, forwarding only: {e}");
+                state.error(format!("local cache unavailable: {e}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+
     let vips = all_vips(&config)?;
     let tls = serving_tls(&config, &cloud, &vips, &state, &stop_rx).await?;
     state.set_data_path(if tls.is_some() {
@@ -253,6 +274,7 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
             state: state.clone(),
             pool_scope: config.coordinator.pool_scope_resources.clone(),
             origins,
+            cache: cache.clone(),
         })
     };
     let plain = make_proxy(None);

@@ -180,6 +180,105 @@ pub fn watch_event(frame: &[u8]) -> Option<WatchEvent<'_>> {
     })
 }
 
+/// Appends a varint.
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Appends a length-delimited field (strings, bytes, embedded messages).
+pub fn put_bytes(out: &mut Vec<u8>, field: u64, bytes: &[u8]) {
+    put_varint(out, field << 3 | 2);
+    put_varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+/// Appends a varint field.
+pub fn put_uint(out: &mut Vec<u8>, field: u64, v: u64) {
+    put_varint(out, field << 3);
+    put_varint(out, v);
+}
+
+/// `k8s\0` + runtime.Unknown { typeMeta { apiVersion, kind }, raw }: how Kubernetes frames
+/// every protobuf object, list and watch event.
+pub fn envelope(api_version: &str, kind: &str, raw: &[u8]) -> Vec<u8> {
+    let mut type_meta = Vec::new();
+    put_bytes(&mut type_meta, 1, api_version.as_bytes());
+    put_bytes(&mut type_meta, 2, kind.as_bytes());
+    let mut out = MAGIC.to_vec();
+    put_bytes(&mut out, 1, &type_meta);
+    put_bytes(&mut out, 2, raw);
+    out
+}
+
+/// A list message: ListMeta { resourceVersion 2, continue 3, remainingItemCount 4 } in
+/// field 1, then the items (message bytes) in field 2.
+pub fn list_message<'a>(
+    resource_version: &str,
+    continue_token: &str,
+    remaining: Option<u64>,
+    items: impl Iterator<Item = &'a [u8]>,
+) -> Vec<u8> {
+    let mut meta = Vec::new();
+    put_bytes(&mut meta, 2, resource_version.as_bytes());
+    if !continue_token.is_empty() {
+        put_bytes(&mut meta, 3, continue_token.as_bytes());
+    }
+    if let Some(n) = remaining {
+        put_uint(&mut meta, 4, n);
+    }
+    let mut out = Vec::new();
+    put_bytes(&mut out, 1, &meta);
+    for item in items {
+        put_bytes(&mut out, 2, item);
+    }
+    out
+}
+
+/// An object message holding only ObjectMeta { name 1, namespace 3, resourceVersion 6,
+/// annotations 12 } — for bookmarks and deletions known only by their key.
+pub fn meta_only_object(
+    name: &str,
+    namespace: &str,
+    resource_version: &str,
+    annotations: &[(&str, &str)],
+) -> Vec<u8> {
+    let mut meta = Vec::new();
+    if !name.is_empty() {
+        put_bytes(&mut meta, 1, name.as_bytes());
+    }
+    if !namespace.is_empty() {
+        put_bytes(&mut meta, 3, namespace.as_bytes());
+    }
+    put_bytes(&mut meta, 6, resource_version.as_bytes());
+    for (k, v) in annotations {
+        let mut entry = Vec::new();
+        put_bytes(&mut entry, 1, k.as_bytes());
+        put_bytes(&mut entry, 2, v.as_bytes());
+        put_bytes(&mut meta, 12, &entry);
+    }
+    let mut out = Vec::new();
+    put_bytes(&mut out, 1, &meta);
+    out
+}
+
+/// One length-prefixed watch frame: WatchEvent { type 1, object 2 = RawExtension { raw 1 } }
+/// around an already enveloped object.
+pub fn watch_frame(event_type: &str, enveloped_object: &[u8]) -> Vec<u8> {
+    let mut raw_ext = Vec::new();
+    put_bytes(&mut raw_ext, 1, enveloped_object);
+    let mut event = Vec::new();
+    put_bytes(&mut event, 1, event_type.as_bytes());
+    put_bytes(&mut event, 2, &raw_ext);
+    let body = envelope("meta.k8s.io/v1", "WatchEvent", &event);
+    let mut out = (body.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(&body);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_pb::{

@@ -11,6 +11,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    cache::{Cache, CacheStatus},
     metrics::Metrics,
     route::Route,
     upstream::{Cloud, cloud::ServerStatus},
@@ -90,6 +91,9 @@ pub struct StatusReport {
     pub last_errors: Vec<(u64, String)>,
     pub connections: ConnCounts,
     pub recent: Vec<ConnRecord>,
+    /// None when the cache is turned off.
+    #[serde(default)]
+    pub cache: Option<CacheStatus>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -102,6 +106,7 @@ pub struct HubState {
     node_name: String,
     pub metrics: Metrics,
     cloud: OnceLock<Arc<Cloud>>,
+    cache: OnceLock<Arc<Cache>>,
     data_path: Mutex<DataPath>,
     routes: Mutex<BTreeMap<String, RouteCounts>>,
     last_errors: Mutex<VecDeque<(u64, String)>>,
@@ -133,6 +138,7 @@ impl HubState {
             node_name: node_name.to_string(),
             metrics: Metrics::new(),
             cloud: OnceLock::new(),
+            cache: OnceLock::new(),
             data_path: Mutex::new(DataPath::Relay),
             routes: Mutex::new(BTreeMap::new()),
             last_errors: Mutex::new(VecDeque::new()),
@@ -152,6 +158,14 @@ impl HubState {
 
     pub fn set_cloud(&self, cloud: Arc<Cloud>) {
         let _ = self.cloud.set(cloud);
+    }
+
+    pub fn set_cache(&self, cache: Arc<Cache>) {
+        let _ = self.cache.set(cache);
+    }
+
+    pub fn cache(&self) -> Option<&Arc<Cache>> {
+        self.cache.get()
     }
 
     pub fn set_data_path(&self, p: DataPath) {
@@ -265,6 +279,7 @@ impl HubState {
                 bytes_from_cloud: load(&self.bytes_from_cloud),
             },
             recent: self.recent.lock().unwrap().iter().cloned().collect(),
+            cache: self.cache.get().map(|c| c.status()),
         }
     }
 }

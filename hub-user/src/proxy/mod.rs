@@ -25,6 +25,7 @@ use self::{
     request::{RequestInfo, component},
 };
 use crate::{
+    cache::{self, Cache, serve::CacheRequest},
     intercept::OriginLookup,
     metrics::{LatencyLabels, RequestLabels},
     route::{self, Route},
@@ -67,6 +68,7 @@ pub struct Proxy {
     pub state: Arc<HubState>,
     pub pool_scope: Vec<String>,
     pub origins: Option<Arc<dyn OriginLookup>>,
+    pub cache: Option<Arc<Cache>>,
 }
 
 impl Proxy {
@@ -192,12 +194,13 @@ impl Proxy {
             req.uri().path(),
             req.uri().query().unwrap_or(""),
         );
-        let component = component(
-            req.headers()
-                .get(header::USER_AGENT)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or(""),
-        );
+        let user_agent = req
+            .headers()
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let component = component(user_agent);
+        let component_name = cache::component_name(user_agent);
         let who = match self.identity(&req, conn) {
             Ok(w) => w,
             Err(cn) => {
@@ -230,6 +233,21 @@ impl Proxy {
             ?who,
             "request"
         );
+        // Kept for the cache: the request itself goes to the cloud.
+        let credential = cache::credential(
+            req.headers()
+                .get(header::AUTHORIZATION)
+                .map(|v| v.as_bytes()),
+            who == AsWho::Node,
+        );
+        let path = req.uri().path().to_string();
+        let query = req.uri().query().unwrap_or("").to_string();
+        let accept = req
+            .headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
         let mut req = Some(req);
         let mut why = Vec::new();
         for r in route::plan(inputs) {
@@ -250,10 +268,21 @@ impl Proxy {
                                 f.response.status(),
                                 started,
                             );
+                            let response = match &self.cache {
+                                Some(c) => c.tee(
+                                    f.response,
+                                    &info,
+                                    &path,
+                                    &query,
+                                    &credential,
+                                    &component_name,
+                                ),
+                                None => f.response,
+                            };
                             return if streaming {
-                                self.counted(f.response)
+                                self.counted(response)
                             } else {
-                                f.response
+                                response
                             };
                         }
                         Err(ForwardError::TooLarge) => {
@@ -271,8 +300,35 @@ impl Proxy {
                         Err(e) => why.push(format!("cloud: {e}")),
                     }
                 }
-                Route::Coordinator | Route::LocalCache => {
-                    why.push(format!("{}: route not available in this build", r.as_str()));
+                Route::LocalCache => {
+                    let Some(cache) = &self.cache else {
+                        why.push("local-cache: the cache is turned off".into());
+                        continue;
+                    };
+                    let cloud = self.cloud.clone();
+                    let asked = CacheRequest {
+                        info: &info,
+                        path: &path,
+                        query: &query,
+                        accept: &accept,
+                        credential: &credential,
+                    };
+                    match cache.serve(asked, Arc::new(move || cloud.healthy())).await {
+                        Ok(resp) => {
+                            self.record(
+                                Route::LocalCache,
+                                &info,
+                                component,
+                                resp.status(),
+                                started,
+                            );
+                            return if streaming { self.counted(resp) } else { resp };
+                        }
+                        Err(e) => why.push(format!("local-cache: {e}")),
+                    }
+                }
+                Route::Coordinator => {
+                    why.push("coordinator: route not available in this build".into());
                 }
             }
         }

@@ -24,6 +24,35 @@ fn flag(query: &str, name: &str) -> bool {
     })
 }
 
+/// One query parameter, percent-decoded (`+` is a space, as Go's url.ParseQuery reads it).
+pub fn query_param(query: &str, name: &str) -> Option<String> {
+    let raw = query
+        .split('&')
+        .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
+        .find(|(k, _)| *k == name)?
+        .1;
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                match raw.get(i + 1..i + 3).map(|h| u8::from_str_radix(h, 16)) {
+                    Some(Ok(b)) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
 impl RequestInfo {
     pub fn parse(method: &Method, path: &str, query: &str) -> RequestInfo {
         let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
@@ -187,6 +216,19 @@ mod tests {
         );
         let r = RequestInfo::parse(&Method::GET, "/version", "");
         assert!(!r.is_resource && r.is_read());
+    }
+
+    #[test]
+    fn query_params_are_decoded() {
+        let q = "labelSelector=app%20in%20(a%2Cb)&fieldSelector=spec.nodeName%3Dn1&x&limit=5&bad=%zz&end=%4";
+        assert_eq!(query_param(q, "labelSelector").unwrap(), "app in (a,b)");
+        assert_eq!(query_param(q, "fieldSelector").unwrap(), "spec.nodeName=n1");
+        assert_eq!(query_param(q, "limit").unwrap(), "5");
+        assert_eq!(query_param(q, "x").unwrap(), "");
+        assert_eq!(query_param(q, "bad").unwrap(), "%zz");
+        assert_eq!(query_param(q, "end").unwrap(), "%4");
+        assert_eq!(query_param("a=b+c", "a").unwrap(), "b c");
+        assert_eq!(query_param(q, "missing"), None);
     }
 
     #[test]

@@ -1,0 +1,311 @@
+//! The local cache (design.md §6, issue 6): what the cloud returned to this node's
+//! components, kept in a transactional store so the node keeps working while the cloud is
+//! unreachable, across hub restarts and reboots.
+//!
+//! * Writes are teed from live cloud answers (`tee`) and applied by one writer thread
+//!   (`writer`) into redb (`store`): GET upserts, a complete LIST replaces the component's
+//!   set atomically, WATCH events apply in order, fresher resourceVersions win.
+//! * Every object is kept per credential (a bearer token's hash, or the node identity) and
+//!   component (User-Agent): offline, a credential is served only what the cloud already
+//!   returned to that same credential.
+//! * Offline answers (`serve`) evaluate any selector on the cached metadata.
+pub mod objects;
+pub mod select;
+pub mod serve;
+pub mod store;
+mod tee;
+pub mod writer;
+
+use std::{path::Path, sync::Arc};
+
+use http_body_util::BodyExt;
+use hyper::{Response, StatusCode, header};
+use serde::{Deserialize, Serialize};
+
+use self::{
+    objects::Encoding,
+    serve::{CacheRequest, Server},
+    store::{Store, StoreError},
+    writer::{Stats, Target, TargetKind, Writer},
+};
+use crate::{proxy::request::RequestInfo, upstream::cloud::ProxyBody};
+
+/// The components whose answers are cached unless cache.components says otherwise
+/// (YurtHub's defaults, plus the hub itself).
+pub const DEFAULT_COMPONENTS: [&str; 5] = ["kubelet", "kube-proxy", "flanneld", "coredns", "hub"];
+
+/// Who a request speaks as towards the cloud, as a cache scope: the node identity, a
+/// bearer token (by its SHA-256, never the token itself), or nobody.
+pub fn credential(authorization: Option<&[u8]>, as_node: bool) -> String {
+    match authorization {
+        _ if as_node => "node".into(),
+        Some(auth) => {
+            let digest = ring::digest::digest(&ring::digest::SHA256, auth);
+            let hex: String = digest.as_ref()[..16]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            format!("token-{hex}")
+        }
+        None => "anonymous".into(),
+    }
+}
+
+/// The component a User-Agent names (`kubelet/v1.32 (linux/amd64)` → `kubelet`), limited
+/// to characters that are safe in keys and metrics.
+pub fn component_name(user_agent: &str) -> String {
+    let first: String = user_agent
+        .split(['/', ' '])
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        .take(64)
+        .collect::<String>()
+        .to_ascii_lowercase();
+    if first.is_empty() {
+        "unknown".into()
+    } else {
+        first
+    }
+}
+
+/// What `hub status` shows about the cache.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CacheStatus {
+    pub path: String,
+    pub components: Vec<String>,
+    pub objects: u64,
+    pub tombstones: u64,
+    pub bytes: u64,
+    pub written: u64,
+    pub stale: u64,
+    pub deleted: u64,
+    pub rejected: u64,
+    pub too_large: u64,
+    pub write_errors: u64,
+    pub pending: i64,
+    pub last_error: Option<String>,
+}
+
+pub struct Cache {
+    store: Arc<Store>,
+    writer: Writer,
+    stats: Arc<Stats>,
+    components: Vec<String>,
+    server: Server,
+}
+
+/// Discovery documents and /version, cached for every client: they hold no secrets and
+/// clients break without them after an offline restart (OpenYurt #880).
+fn is_discovery(path: &str) -> bool {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    matches!(
+        segs.as_slice(),
+        ["version"] | ["api"] | ["api", _] | ["apis"] | ["apis", _] | ["apis", _, _]
+    )
+}
+
+impl Cache {
+    /// Opens the store under `dir`. A store that cannot be opened (corrupt, or from an
+    /// incompatible version) is moved aside and a fresh one started, so the hub keeps
+    /// serving; the returned note says what happened.
+    pub fn open(
+        dir: &Path,
+        components: Vec<String>,
+    ) -> Result<(Cache, Option<String>), StoreError> {
+        let (store, note) = match Store::open(dir) {
+            Ok(s) => (s, None),
+            Err(StoreError::Open { path, reason }) => {
+                let aside = path.with_extension(format!("corrupt-{}", store::now()));
+                std::fs::rename(&path, &aside).map_err(|source| StoreError::Dir {
+                    path: path.clone(),
+                    source,
+                })?;
+                let note = format!(
+                    "cache store {} could not be opened ({reason}); moved to {} and started empty",
+                    path.display(),
+                    aside.display()
+                );
+                tracing::error!("{note}");
+                (Store::open(dir)?, Some(note))
+            }
+            Err(e) => return Err(e),
+        };
+        let store = Arc::new(store);
+        let stats = Arc::new(Stats::default());
+        if let Some(n) = &note {
+            *stats.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(n.clone());
+        }
+        let writer = writer::start(store.clone(), stats.clone());
+        Ok((
+            Cache {
+                server: Server {
+                    store: store.clone(),
+                },
+                store,
+                writer,
+                stats,
+                components,
+            },
+            note,
+        ))
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Waits until every teed answer so far is stored.
+    pub fn flush(&self) {
+        self.writer.flush();
+    }
+
+    pub fn caches_component(&self, component: &str) -> bool {
+        self.components.iter().any(|c| c == component)
+    }
+
+    /// Wraps a 200 answer from the cloud so a copy reaches the store; other answers pass
+    /// unchanged.
+    pub fn tee(
+        &self,
+        resp: Response<ProxyBody>,
+        info: &RequestInfo,
+        path: &str,
+        query: &str,
+        credential: &str,
+        component: &str,
+    ) -> Response<ProxyBody> {
+        if resp.status() != StatusCode::OK {
+            return resp;
+        }
+        let content_type = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let Some(encoding) = Encoding::of_content_type(&content_type) else {
+            return resp;
+        };
+        let kind = if !info.is_resource {
+            if !is_discovery(path) {
+                return resp;
+            }
+            TargetKind::Raw {
+                path: path.to_string(),
+                content_type: content_type.clone(),
+            }
+        } else {
+            // A Table is a rendering, not the objects: nothing to cache from it.
+            let table = content_type.contains("as=Table");
+            if !self.caches_component(component) || !info.subresource.is_empty() || table {
+                return resp;
+            }
+            match info.verb {
+                "get" => TargetKind::Object,
+                "list" => TargetKind::List {
+                    namespace: info.namespace.clone(),
+                    label_selector: serve_param(query, "labelSelector"),
+                    field_selector: serve_param(query, "fieldSelector"),
+                    continue_from: Some(serve_param(query, "continue")).filter(|c| !c.is_empty()),
+                },
+                "watch" => TargetKind::Watch,
+                _ => return resp,
+            }
+        };
+        let target = Target {
+            credential: credential.to_string(),
+            component: component.to_string(),
+            gvr: info.gvr(),
+            resource: info.resource.clone(),
+            encoding,
+            kind,
+        };
+        let writer = self.writer.clone();
+        resp.map(move |body| {
+            match target.kind {
+                TargetKind::Watch => tee::Tee::events(body, target, writer),
+                _ => tee::Tee::whole(body, target, writer),
+            }
+            .boxed()
+        })
+    }
+
+    /// Answers a read from the cache, or says why it cannot.
+    pub async fn serve(
+        &self,
+        req: CacheRequest<'_>,
+        cloud_back: Arc<dyn Fn() -> bool + Send + Sync>,
+    ) -> Result<Response<ProxyBody>, String> {
+        self.server.serve(req, cloud_back).await
+    }
+
+    pub fn status(&self) -> CacheStatus {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (objects, tombstones, bytes) = self.store.counts().unwrap_or_default();
+        let s = &self.stats;
+        CacheStatus {
+            path: self.store.path.display().to_string(),
+            components: self.components.clone(),
+            objects,
+            tombstones,
+            bytes,
+            written: s.written.load(Relaxed),
+            stale: s.stale.load(Relaxed),
+            deleted: s.deleted.load(Relaxed),
+            rejected: s.rejected.load(Relaxed),
+            too_large: s.too_large.load(Relaxed),
+            write_errors: s.write_errors.load(Relaxed),
+            pending: s.pending.load(Relaxed),
+            last_error: s
+                .last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
+    }
+}
+
+fn serve_param(query: &str, name: &str) -> String {
+    crate::proxy::request::query_param(query, name).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_never_hold_the_token() {
+        let c = credential(Some(b"Bearer secret-token"), false);
+        assert!(c.starts_with("token-") && !c.contains("secret"));
+        assert_ne!(c, credential(Some(b"Bearer other"), false));
+        assert_eq!(credential(Some(b"Bearer x"), true), "node");
+        assert_eq!(credential(None, false), "anonymous");
+    }
+
+    #[test]
+    fn component_names_are_safe() {
+        assert_eq!(component_name("kubelet/v1.32.0 (linux/amd64)"), "kubelet");
+        assert_eq!(component_name("Kube-Proxy/1.0"), "kube-proxy");
+        assert_eq!(component_name("../../etc\0/x"), "..");
+        assert_eq!(component_name(""), "unknown");
+    }
+
+    #[test]
+    fn discovery_paths() {
+        for p in [
+            "/version",
+            "/api",
+            "/api/v1",
+            "/apis",
+            "/apis/apps/v1",
+            "/apis/apps",
+        ] {
+            assert!(is_discovery(p), "{p}");
+        }
+        for p in ["/healthz", "/openapi/v2", "/metrics", "/logs"] {
+            assert!(!is_discovery(p), "{p}");
+        }
+    }
+}

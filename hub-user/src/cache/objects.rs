@@ -1,0 +1,489 @@
+//! Objects as the cloud returned them, sliced out of GET, LIST and WATCH bodies in JSON or
+//! Kubernetes protobuf, with the metadata the cache indexes: name, namespace,
+//! resourceVersion, labels and the fields that field selectors use. Protobuf is read
+//! without its schema (see `kproto`); each item keeps its original bytes.
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::kproto;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    Json,
+    Protobuf,
+}
+
+impl Encoding {
+    /// The encoding of a response from its Content-Type (None: not cacheable).
+    pub fn of_content_type(ct: &str) -> Option<Encoding> {
+        let ct = ct.trim_start().to_ascii_lowercase();
+        if ct.starts_with("application/vnd.kubernetes.protobuf") {
+            Some(Encoding::Protobuf)
+        } else if ct.starts_with("application/json") {
+            Some(Encoding::Json)
+        } else {
+            None
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Encoding::Json => "application/json",
+            Encoding::Protobuf => "application/vnd.kubernetes.protobuf",
+        }
+    }
+}
+
+/// One cached object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    pub name: String,
+    pub namespace: String,
+    pub rv: u64,
+    pub labels: Vec<(String, String)>,
+    /// Field-selector values, e.g. ("spec.nodeName", "edge-1").
+    pub fields: Vec<(String, String)>,
+    pub api_version: String,
+    pub kind: String,
+    pub encoding: Encoding,
+    /// JSON: the object with apiVersion and kind set. Protobuf: the object's message bytes
+    /// (the runtime.Unknown's raw, without the `k8s\0` envelope).
+    pub body: Vec<u8>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ParseError {
+    #[error("malformed {0} body")]
+    Malformed(&'static str),
+    #[error("object name {0:?} cannot be cached (empty, '.', '..', '/', NUL or too long)")]
+    BadName(String),
+    #[error("resourceVersion {0:?} is not a number")]
+    BadResourceVersion(String),
+    #[error("a Table or Status is not an object to cache")]
+    NotAnObject,
+}
+
+/// Field selectors the cache can answer, per resource, beyond metadata.name/namespace:
+/// (resource, selector name, JSON path, protobuf field path).
+const FIELDS: &[(&str, &str, &str, &[u64])] = &[
+    ("pods", "spec.nodeName", "spec.nodeName", &[2, 10]),
+    ("pods", "spec.restartPolicy", "spec.restartPolicy", &[2, 3]),
+    ("pods", "spec.schedulerName", "spec.schedulerName", &[2, 19]),
+    (
+        "pods",
+        "spec.serviceAccountName",
+        "spec.serviceAccountName",
+        &[2, 8],
+    ),
+    ("pods", "status.phase", "status.phase", &[3, 1]),
+    ("pods", "status.podIP", "status.podIP", &[3, 6]),
+    (
+        "pods",
+        "status.nominatedNodeName",
+        "status.nominatedNodeName",
+        &[3, 11],
+    ),
+    (
+        "events",
+        "involvedObject.kind",
+        "involvedObject.kind",
+        &[2, 1],
+    ),
+    (
+        "events",
+        "involvedObject.namespace",
+        "involvedObject.namespace",
+        &[2, 2],
+    ),
+    (
+        "events",
+        "involvedObject.name",
+        "involvedObject.name",
+        &[2, 3],
+    ),
+    (
+        "events",
+        "involvedObject.uid",
+        "involvedObject.uid",
+        &[2, 4],
+    ),
+    (
+        "events",
+        "involvedObject.apiVersion",
+        "involvedObject.apiVersion",
+        &[2, 5],
+    ),
+    (
+        "events",
+        "involvedObject.resourceVersion",
+        "involvedObject.resourceVersion",
+        &[2, 6],
+    ),
+    (
+        "events",
+        "involvedObject.fieldPath",
+        "involvedObject.fieldPath",
+        &[2, 7],
+    ),
+    ("events", "reason", "reason", &[3]),
+    ("events", "type", "type", &[9]),
+    ("events", "source", "source.component", &[5, 1]),
+    ("secrets", "type", "type", &[3]),
+    ("namespaces", "status.phase", "status.phase", &[3, 1]),
+    ("nodes", "spec.unschedulable", "spec.unschedulable", &[2, 4]),
+];
+
+/// Whether a field selector on `field` can be answered for `resource` from the cache.
+pub fn supports_field(resource: &str, field: &str) -> bool {
+    matches!(field, "metadata.name" | "metadata.namespace")
+        || FIELDS
+            .iter()
+            .any(|(r, f, _, _)| *r == resource && *f == field)
+}
+
+/// A name or namespace that can never be a path trick or break a store key.
+pub fn valid_name(n: &str) -> bool {
+    n.len() <= 253 && n != "." && n != ".." && !n.contains(['/', '\0'])
+}
+
+fn parse_rv(rv: &str) -> Result<u64, ParseError> {
+    if rv.is_empty() {
+        return Ok(0);
+    }
+    rv.parse()
+        .map_err(|_| ParseError::BadResourceVersion(rv.to_string()))
+}
+
+fn checked(item: Item) -> Result<Item, ParseError> {
+    if item.name.is_empty() || !valid_name(&item.name) {
+        return Err(ParseError::BadName(item.name));
+    }
+    if !valid_name(&item.namespace) {
+        return Err(ParseError::BadName(item.namespace));
+    }
+    Ok(item)
+}
+
+fn json_str(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// An object from its JSON form; list items lack apiVersion/kind, so defaults are given.
+pub fn from_json(
+    resource: &str,
+    mut obj: Value,
+    default_api_version: &str,
+    default_kind: &str,
+) -> Result<Item, ParseError> {
+    let map = obj.as_object_mut().ok_or(ParseError::Malformed("JSON"))?;
+    for (key, default) in [("apiVersion", default_api_version), ("kind", default_kind)] {
+        if map
+            .get(key)
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+            && !default.is_empty()
+        {
+            map.insert(key.into(), Value::String(default.into()));
+        }
+    }
+    let kind = json_str(&obj["kind"]);
+    if kind == "Table" || kind == "Status" {
+        return Err(ParseError::NotAnObject);
+    }
+    let meta = &obj["metadata"];
+    let labels = meta["labels"]
+        .as_object()
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), json_str(v))).collect())
+        .unwrap_or_default();
+    let mut fields = Vec::new();
+    for (r, name, path, _) in FIELDS {
+        if *r == resource {
+            let v = path.split('.').fold(&obj, |v, seg| &v[seg]);
+            fields.push((name.to_string(), json_str(v)));
+        }
+    }
+    let item = Item {
+        name: json_str(&meta["name"]),
+        namespace: json_str(&meta["namespace"]),
+        rv: parse_rv(meta["resourceVersion"].as_str().unwrap_or_default())?,
+        labels,
+        fields,
+        api_version: json_str(&obj["apiVersion"]),
+        kind,
+        encoding: Encoding::Json,
+        body: serde_json::to_vec(&obj).map_err(|_| ParseError::Malformed("JSON"))?,
+    };
+    checked(item)
+}
+
+/// The value at a protobuf field path, as a selector compares it.
+fn pb_field(raw: &[u8], path: &[u64]) -> String {
+    let mut msg = raw;
+    for (i, tag) in path.iter().enumerate() {
+        let Some(fields) = kproto::fields(msg) else {
+            return String::new();
+        };
+        let Some((_, v)) = fields.iter().rev().find(|(n, _)| n == tag) else {
+            return String::new();
+        };
+        match v {
+            kproto::Value::Bytes(b) if i + 1 < path.len() => msg = b,
+            kproto::Value::Bytes(b) => return String::from_utf8_lossy(b).into_owned(),
+            kproto::Value::Varint(n) => return (*n != 0).to_string(),
+            _ => return String::new(),
+        }
+    }
+    String::new()
+}
+
+/// An object from its protobuf message bytes (a list item, or an Unknown's raw).
+pub fn from_protobuf(
+    resource: &str,
+    api_version: &str,
+    kind: &str,
+    raw: &[u8],
+) -> Result<Item, ParseError> {
+    let meta = kproto::object_meta(raw).ok_or(ParseError::Malformed("protobuf"))?;
+    let fields = FIELDS
+        .iter()
+        .filter(|(r, ..)| *r == resource)
+        .map(|(_, name, _, path)| (name.to_string(), pb_field(raw, path)))
+        .collect();
+    checked(Item {
+        rv: parse_rv(&meta.resource_version)?,
+        name: meta.name,
+        namespace: meta.namespace,
+        labels: meta.labels,
+        fields,
+        api_version: api_version.into(),
+        kind: kind.into(),
+        encoding: Encoding::Protobuf,
+        body: raw.to_vec(),
+    })
+}
+
+/// A GET answer.
+pub fn parse_object(resource: &str, enc: Encoding, body: &[u8]) -> Result<Item, ParseError> {
+    match enc {
+        Encoding::Json => {
+            let v: Value =
+                serde_json::from_slice(body).map_err(|_| ParseError::Malformed("JSON"))?;
+            from_json(resource, v, "", "")
+        }
+        Encoding::Protobuf => {
+            let u = kproto::unwrap(body).ok_or(ParseError::Malformed("protobuf"))?;
+            from_protobuf(resource, &u.api_version, &u.kind, u.raw)
+        }
+    }
+}
+
+/// A LIST answer sliced into items; `bad` counts items that could not be cached.
+#[derive(Debug)]
+pub struct ParsedList {
+    pub rv: u64,
+    pub continue_token: String,
+    pub items: Vec<Item>,
+    pub bad: usize,
+}
+
+#[derive(Deserialize)]
+struct JsonList {
+    #[serde(default)]
+    kind: String,
+    #[serde(default, rename = "apiVersion")]
+    api_version: String,
+    #[serde(default)]
+    metadata: JsonListMeta,
+    items: Option<Vec<Value>>,
+}
+
+#[derive(Deserialize, Default)]
+struct JsonListMeta {
+    #[serde(default, rename = "resourceVersion")]
+    resource_version: String,
+    #[serde(default, rename = "continue")]
+    continue_token: String,
+}
+
+fn item_kind(list_kind: &str) -> &str {
+    list_kind.strip_suffix("List").unwrap_or_default()
+}
+
+pub fn parse_list(resource: &str, enc: Encoding, body: &[u8]) -> Result<ParsedList, ParseError> {
+    let mut bad = 0;
+    match enc {
+        Encoding::Json => {
+            let l: JsonList =
+                serde_json::from_slice(body).map_err(|_| ParseError::Malformed("JSON list"))?;
+            if l.kind == "Table" || !l.kind.ends_with("List") {
+                return Err(ParseError::NotAnObject);
+            }
+            let kind = item_kind(&l.kind);
+            let mut items = Vec::new();
+            for v in l.items.unwrap_or_default() {
+                match from_json(resource, v, &l.api_version, kind) {
+                    Ok(i) => items.push(i),
+                    Err(_) => bad += 1,
+                }
+            }
+            Ok(ParsedList {
+                rv: parse_rv(&l.metadata.resource_version)?,
+                continue_token: l.metadata.continue_token,
+                items,
+                bad,
+            })
+        }
+        Encoding::Protobuf => {
+            let u = kproto::unwrap(body).ok_or(ParseError::Malformed("protobuf list"))?;
+            if !u.kind.ends_with("List") {
+                return Err(ParseError::NotAnObject);
+            }
+            let list = kproto::split_list(u.raw).ok_or(ParseError::Malformed("protobuf list"))?;
+            let kind = item_kind(&u.kind);
+            let mut items = Vec::new();
+            for raw in list.items {
+                match from_protobuf(resource, &u.api_version, kind, raw) {
+                    Ok(i) => items.push(i),
+                    Err(_) => bad += 1,
+                }
+            }
+            Ok(ParsedList {
+                rv: parse_rv(&list.resource_version)?,
+                continue_token: list.continue_token,
+                items,
+                bad,
+            })
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+    Bookmark,
+    /// ERROR (e.g. 410 Gone) or anything unknown: nothing to apply.
+    Other,
+}
+
+impl EventType {
+    fn carries_object(self) -> bool {
+        matches!(
+            self,
+            EventType::Added | EventType::Modified | EventType::Deleted
+        )
+    }
+
+    fn parse(s: &str) -> EventType {
+        match s {
+            "ADDED" => EventType::Added,
+            "MODIFIED" => EventType::Modified,
+            "DELETED" => EventType::Deleted,
+            "BOOKMARK" => EventType::Bookmark,
+            _ => EventType::Other,
+        }
+    }
+}
+
+/// One watch event: a JSON line, or a protobuf frame without its length prefix.
+pub fn parse_event(
+    resource: &str,
+    enc: Encoding,
+    frame: &[u8],
+) -> Result<(EventType, Option<Item>), ParseError> {
+    let (ty, item) = match enc {
+        Encoding::Json => {
+            let mut v: Value =
+                serde_json::from_slice(frame).map_err(|_| ParseError::Malformed("JSON event"))?;
+            let ty = EventType::parse(v["type"].as_str().unwrap_or_default());
+            let item = ty
+                .carries_object()
+                .then(|| from_json(resource, v["object"].take(), "", ""));
+            (ty, item)
+        }
+        Encoding::Protobuf => {
+            let e = kproto::watch_event(frame).ok_or(ParseError::Malformed("protobuf event"))?;
+            let ty = EventType::parse(&e.kind);
+            let item = ty
+                .carries_object()
+                .then(|| parse_object(resource, Encoding::Protobuf, e.object));
+            (ty, item)
+        }
+    };
+    Ok((ty, item.transpose()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_list_items_get_kind_fields_and_labels() {
+        let body = br#"{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"42","continue":"c1"},
+          "items":[{"metadata":{"name":"a","namespace":"ns1","resourceVersion":"40","labels":{"app":"web"}},
+                    "spec":{"nodeName":"n1"},"status":{"phase":"Running"}},
+                   {"metadata":{"name":"../x","namespace":"ns1","resourceVersion":"41"}}]}"#;
+        let l = parse_list("pods", Encoding::Json, body).unwrap();
+        assert_eq!((l.rv, l.continue_token.as_str(), l.bad), (42, "c1", 1));
+        let a = &l.items[0];
+        assert_eq!(
+            (a.kind.as_str(), a.api_version.as_str(), a.rv),
+            ("Pod", "v1", 40)
+        );
+        assert!(a.fields.contains(&("spec.nodeName".into(), "n1".into())));
+        assert!(
+            a.fields
+                .contains(&("status.phase".into(), "Running".into()))
+        );
+        assert_eq!(a.labels, vec![("app".into(), "web".into())]);
+        let v: Value = serde_json::from_slice(&a.body).unwrap();
+        assert_eq!(v["kind"], "Pod");
+    }
+
+    #[test]
+    fn tables_and_bad_bodies_are_refused() {
+        let table = br#"{"kind":"Table","apiVersion":"meta.k8s.io/v1","rows":[]}"#;
+        assert_eq!(
+            parse_list("pods", Encoding::Json, table).unwrap_err(),
+            ParseError::NotAnObject
+        );
+        assert!(parse_object("pods", Encoding::Json, b"{not json").is_err());
+        assert!(parse_object("pods", Encoding::Protobuf, b"k8s\0\xff\xff").is_err());
+        let bad_rv =
+            br#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"a","resourceVersion":"x"}}"#;
+        assert!(matches!(
+            parse_object("pods", Encoding::Json, bad_rv),
+            Err(ParseError::BadResourceVersion(_))
+        ));
+        let nul = br#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"a\u0000b"}}"#;
+        assert!(matches!(
+            parse_object("pods", Encoding::Json, nul),
+            Err(ParseError::BadName(_))
+        ));
+    }
+
+    #[test]
+    fn json_events() {
+        let (ty, item) = parse_event(
+            "pods",
+            Encoding::Json,
+            br#"{"type":"DELETED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"a","namespace":"d","resourceVersion":"7"}}}"#,
+        )
+        .unwrap();
+        assert_eq!((ty, item.unwrap().rv), (EventType::Deleted, 7));
+        let (ty, item) = parse_event(
+            "pods",
+            Encoding::Json,
+            br#"{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"9"}}}"#,
+        )
+        .unwrap();
+        assert_eq!((ty, item), (EventType::Bookmark, None));
+    }
+}

@@ -1,0 +1,709 @@
+//! Answers from the cache (the local route of design.md §5): get, list with any selector and
+//! limit/continue, watch that stays open with bookmarks until the cloud is back, discovery
+//! and /version — each in the encoding the client asked for where the cached form allows
+//! it. What the cache cannot answer truthfully is an `Err` naming why; the proxy turns it
+//! into a 503 Status. Every answer carries a Warning header saying where it came from.
+use std::{
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::{
+    Response, StatusCode,
+    body::{Body, Frame},
+    header,
+};
+use tokio::sync::mpsc;
+
+use super::{
+    objects::{self, Encoding, Item},
+    select::Selector,
+    store::{self, ObjectKey, Record, Store},
+};
+use crate::{
+    kproto,
+    proxy::{forward::status, request::RequestInfo},
+    upstream::cloud::ProxyBody,
+};
+
+/// What the offline answer says about itself (kubectl prints Warning headers).
+const WARNING: &str = "299 - \"hub: served from the node's local cache; the cloud is unreachable\"";
+/// How often an offline watch checks whether the cloud is back (then it ends, so the
+/// client re-lists from the cloud).
+const CLOUD_CHECK: Duration = Duration::from_millis(200);
+/// Bookmarks on an offline watch, when the client allows them.
+pub const BOOKMARK_EVERY: Duration = Duration::from_secs(5);
+
+/// A request the cache is asked to answer.
+pub struct CacheRequest<'a> {
+    pub info: &'a RequestInfo,
+    pub path: &'a str,
+    pub query: &'a str,
+    pub accept: &'a str,
+    pub credential: &'a str,
+}
+
+/// The encodings a client accepts for objects, in its order of preference; None when it
+/// accepts only forms the cache does not hold (Tables, for example).
+fn accepted(accept: &str) -> Vec<Encoding> {
+    let mut out = Vec::new();
+    if accept.trim().is_empty() {
+        return vec![Encoding::Json];
+    }
+    for alt in accept.split(',') {
+        let mut params = alt.split(';').map(str::trim);
+        let media = params.next().unwrap_or_default().to_ascii_lowercase();
+        if params.any(|p| p.to_ascii_lowercase().starts_with("as=")) {
+            continue;
+        }
+        let enc = match media.as_str() {
+            "application/vnd.kubernetes.protobuf" => Encoding::Protobuf,
+            "application/json" | "application/*" | "*/*" => Encoding::Json,
+            _ => continue,
+        };
+        if !out.contains(&enc) {
+            out.push(enc);
+        }
+    }
+    out
+}
+
+fn api_version(info: &RequestInfo) -> String {
+    if info.group.is_empty() {
+        info.version.clone()
+    } else {
+        format!("{}/{}", info.group, info.version)
+    }
+}
+
+fn respond(enc_type: &str, body: impl Into<Bytes>, warning: Option<String>) -> Response<ProxyBody> {
+    let mut b = Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, enc_type)
+        .header("warning", WARNING);
+    if let Some(w) = warning {
+        b = b.header("warning", format!("299 - \"hub: {w}\""));
+    }
+    b.body(crate::proxy::forward::full(body))
+        .expect("valid response parts")
+}
+
+/// Reads one query parameter, percent-decoded.
+fn param(query: &str, name: &str) -> String {
+    crate::proxy::request::query_param(query, name).unwrap_or_default()
+}
+
+/// One object per (namespace, name): the freshest copy any component holds; None when
+/// the freshest word on it is a deletion.
+struct Latest {
+    key: ObjectKey,
+    newest_rv: u64,
+    deleted: bool,
+    /// The freshest live copy in each encoding.
+    json: Option<Item>,
+    protobuf: Option<Item>,
+}
+
+impl Latest {
+    fn pick(&self, enc: Encoding) -> Option<&Item> {
+        match enc {
+            Encoding::Json => self.json.as_ref(),
+            Encoding::Protobuf => self.protobuf.as_ref(),
+        }
+    }
+}
+
+fn latest(records: Vec<(ObjectKey, Record)>) -> Vec<Latest> {
+    let mut out: Vec<Latest> = Vec::new();
+    for (key, rec) in records {
+        let same = out
+            .last()
+            .is_some_and(|l| l.key.namespace == key.namespace && l.key.name == key.name);
+        if !same {
+            out.push(Latest {
+                key: key.clone(),
+                newest_rv: 0,
+                deleted: false,
+                json: None,
+                protobuf: None,
+            });
+        }
+        let l = out.last_mut().expect("pushed above");
+        if rec.item.rv >= l.newest_rv {
+            l.newest_rv = rec.item.rv;
+            l.deleted = rec.deleted;
+        }
+        if rec.deleted {
+            continue;
+        }
+        let slot = match rec.item.encoding {
+            Encoding::Json => &mut l.json,
+            Encoding::Protobuf => &mut l.protobuf,
+        };
+        if slot.as_ref().is_none_or(|i| i.rv <= rec.item.rv) {
+            *slot = Some(rec.item);
+        }
+    }
+    out
+}
+
+/// Chooses the encoding that can answer with the most objects (ties: the client's order).
+fn choose(objects: &[&Latest], prefs: &[Encoding]) -> Option<(Encoding, usize)> {
+    prefs
+        .iter()
+        .map(|e| (*e, objects.iter().filter(|l| l.pick(*e).is_some()).count()))
+        .fold(None, |best: Option<(Encoding, usize)>, (e, n)| match best {
+            Some((_, bn)) if bn >= n => best,
+            _ => Some((e, n)),
+        })
+}
+
+fn encode_object(item: &Item) -> Vec<u8> {
+    match item.encoding {
+        Encoding::Json => item.body.clone(),
+        Encoding::Protobuf => kproto::envelope(&item.api_version, &item.kind, &item.body),
+    }
+}
+
+/// Whether the cache holds a complete list that covers `namespace` ("" = all).
+fn covering_list(
+    store: &Store,
+    credential: &str,
+    gvr: &str,
+    namespace: &str,
+) -> Result<Option<store::ListMeta>, String> {
+    let e = |e: store::StoreError| e.to_string();
+    if let Some(m) = store.list_meta(credential, gvr, namespace).map_err(e)? {
+        return Ok(Some(m));
+    }
+    if namespace.is_empty() {
+        return Ok(None);
+    }
+    store.list_meta(credential, gvr, "").map_err(e)
+}
+
+pub struct Server {
+    pub store: Arc<Store>,
+}
+
+impl Server {
+    /// Answers `req` from the cache, or says why it cannot.
+    pub async fn serve(
+        &self,
+        req: CacheRequest<'_>,
+        cloud_back: Arc<dyn Fn() -> bool + Send + Sync>,
+    ) -> Result<Response<ProxyBody>, String> {
+        let info = req.info;
+        if !info.is_resource {
+            return self.discovery(req.path, req.accept);
+        }
+        if !info.subresource.is_empty() {
+            return Err(format!(
+                "the {} subresource is not cached",
+                info.subresource
+            ));
+        }
+        for n in [&info.namespace, &info.name] {
+            if !objects::valid_name(n) {
+                return Ok(status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    &format!("invalid name or namespace {n:?}"),
+                ));
+            }
+        }
+        let prefs = accepted(req.accept);
+        if prefs.is_empty() {
+            return Err(format!(
+                "the client accepts only {:?}; the cache holds JSON and protobuf objects",
+                req.accept
+            ));
+        }
+        let store = self.store.clone();
+        let (info, query, credential) = (
+            info.clone(),
+            req.query.to_string(),
+            req.credential.to_string(),
+        );
+        match info.verb {
+            "get" => run_blocking(move || get(&store, &info, &credential, &prefs)).await,
+            "list" => run_blocking(move || list(&store, &info, &query, &credential, &prefs)).await,
+            "watch" => watch(store, info, query, credential, prefs, cloud_back).await,
+            v => Err(format!("{v} cannot be answered offline")),
+        }
+    }
+
+    fn discovery(&self, path: &str, accept: &str) -> Result<Response<ProxyBody>, String> {
+        let stored = self.store.raw(path).map_err(|e| e.to_string())?;
+        if stored.is_empty() {
+            return Err(format!("{path} was never fetched from the cloud"));
+        }
+        // The client's alternatives in order; a stored answer matches on media type and
+        // on the `as`/`g`/`v` parameters that select aggregated discovery or Tables.
+        let norm = |ct: &str| -> (String, Vec<String>) {
+            let mut p = ct.split(';').map(|s| s.trim().to_ascii_lowercase());
+            let media = p.next().unwrap_or_default();
+            let mut params: Vec<String> = p
+                .filter(|x| x.starts_with("as=") || x.starts_with("g=") || x.starts_with("v="))
+                .collect();
+            params.sort();
+            (media, params)
+        };
+        let alts: Vec<&str> = if accept.trim().is_empty() {
+            vec!["*/*"]
+        } else {
+            accept.split(',').collect()
+        };
+        for alt in alts {
+            let (media, params) = norm(alt);
+            let hit = stored.iter().find(|(ct, _)| {
+                let (m, p) = norm(ct);
+                (media == "*/*" || media == "application/*" && m.starts_with("application/"))
+                    && p.is_empty()
+                    || (m == media && p == params)
+            });
+            if let Some((ct, body)) = hit {
+                return Ok(respond(ct, body.clone(), None));
+            }
+        }
+        Err(format!("{path} is cached only as {}", stored[0].0))
+    }
+}
+
+async fn run_blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| format!("cache read failed: {e}"))?
+}
+
+fn get(
+    store: &Store,
+    info: &RequestInfo,
+    credential: &str,
+    prefs: &[Encoding],
+) -> Result<Response<ProxyBody>, String> {
+    let gvr = info.gvr();
+    let p = store::prefix(credential, &gvr, Some(&info.namespace), Some(&info.name));
+    let records = store.scan(&p).map_err(|e| e.to_string())?;
+    let objects = latest(records);
+    let not_found = || {
+        status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("{} {:?} not found", info.resource, info.name),
+        )
+    };
+    let Some(l) = objects.first() else {
+        // Absent from a complete, unfiltered list: truthfully not found (as of that list).
+        return match covering_list(store, credential, &gvr, &info.namespace)? {
+            Some(m) if m.unfiltered => Ok(not_found()),
+            _ => Err(format!(
+                "{} {}/{} is not in the local cache for this client",
+                info.resource, info.namespace, info.name
+            )),
+        };
+    };
+    if l.deleted {
+        return Ok(not_found());
+    }
+    let Some(item) = prefs.iter().find_map(|e| l.pick(*e)) else {
+        return Err(format!(
+            "{} {}/{} is cached only in an encoding the client does not accept",
+            info.resource, info.namespace, info.name
+        ));
+    };
+    Ok(respond(
+        item.encoding.content_type(),
+        encode_object(item),
+        None,
+    ))
+}
+
+/// The continue token of an offline list: the position after which the next page starts.
+fn continue_token(rv: u64, last: &ObjectKey) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(format!("hub\0{rv}\0{}\0{}", last.namespace, last.name))
+}
+
+fn parse_continue(token: &str) -> Option<(String, String)> {
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .ok()?;
+    let s = String::from_utf8(raw).ok()?;
+    let mut p = s.split('\0');
+    (p.next()? == "hub").then_some(())?;
+    let _rv = p.next()?;
+    Some((p.next()?.to_string(), p.next()?.to_string()))
+}
+
+/// The selector of a list or watch, checked against what the cache indexes.
+fn selector(info: &RequestInfo, query: &str) -> Result<Result<Selector, String>, String> {
+    let sel = match Selector::parse(
+        &param(query, "labelSelector"),
+        &param(query, "fieldSelector"),
+    ) {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    if let Some(f) = sel
+        .field_names()
+        .find(|f| !objects::supports_field(&info.resource, f))
+    {
+        return Ok(Err(format!("field label not supported: {f}")));
+    }
+    Ok(Ok(sel))
+}
+
+fn bad_request(msg: &str) -> Response<ProxyBody> {
+    status(StatusCode::BAD_REQUEST, "BadRequest", msg)
+}
+
+/// The matching objects of a list or watch scope, and the resourceVersion they stand at.
+fn scope_objects(
+    store: &Store,
+    info: &RequestInfo,
+    credential: &str,
+) -> Result<(Vec<Latest>, u64), String> {
+    let gvr = info.gvr();
+    let Some(meta) = covering_list(store, credential, &gvr, &info.namespace)? else {
+        return Err(format!(
+            "no list of {} {} was cached for this client before the cloud became unreachable",
+            gvr,
+            if info.namespace.is_empty() {
+                "(all namespaces)".to_string()
+            } else {
+                format!("in {}", info.namespace)
+            }
+        ));
+    };
+    let ns = (!info.namespace.is_empty()).then_some(info.namespace.as_str());
+    let records = store
+        .scan(&store::prefix(credential, &gvr, ns, None))
+        .map_err(|e| e.to_string())?;
+    let objects = latest(records);
+    let rv = objects.iter().map(|l| l.newest_rv).fold(meta.rv, u64::max);
+    Ok((objects, rv))
+}
+
+fn list(
+    store: &Store,
+    info: &RequestInfo,
+    query: &str,
+    credential: &str,
+    prefs: &[Encoding],
+) -> Result<Response<ProxyBody>, String> {
+    let sel = match selector(info, query)? {
+        Ok(s) => s,
+        Err(msg) => return Ok(bad_request(&msg)),
+    };
+    let (objects, rv) = scope_objects(store, info, credential)?;
+    let kind = objects
+        .iter()
+        .find_map(|l| {
+            l.json
+                .as_ref()
+                .or(l.protobuf.as_ref())
+                .map(|i| i.kind.clone())
+        })
+        .unwrap_or_default();
+    let selected: Vec<&Latest> = objects
+        .iter()
+        .filter(|l| !l.deleted)
+        .filter(|l| {
+            l.json
+                .as_ref()
+                .or(l.protobuf.as_ref())
+                .is_some_and(|i| sel.matches(&i.labels, &i.fields))
+        })
+        .collect();
+    let Some((enc, _)) = choose(&selected, prefs) else {
+        return Err("no acceptable encoding".into());
+    };
+    let left_out = selected.iter().filter(|l| l.pick(enc).is_none()).count();
+    let mut items: Vec<&Latest> = selected
+        .into_iter()
+        .filter(|l| l.pick(enc).is_some())
+        .collect();
+    let cont = param(query, "continue");
+    if !cont.is_empty() {
+        let Some((ns, name)) = parse_continue(&cont) else {
+            return Ok(bad_request("invalid continue token"));
+        };
+        items.retain(|l| {
+            (l.key.namespace.as_str(), l.key.name.as_str()) > (ns.as_str(), name.as_str())
+        });
+    }
+    let limit: usize = param(query, "limit").parse().unwrap_or(0);
+    let (mut next, mut remaining) = (String::new(), None);
+    if limit > 0 && items.len() > limit {
+        remaining = Some((items.len() - limit) as u64);
+        items.truncate(limit);
+        next = continue_token(rv, &items[limit - 1].key);
+    }
+    let list_kind = format!("{kind}List");
+    let av = api_version(info);
+    let warning = (left_out > 0).then(|| {
+        format!("{left_out} cached objects were left out: they are cached only in another encoding")
+    });
+    let body = match enc {
+        Encoding::Json => {
+            let mut meta = serde_json::json!({"resourceVersion": rv.to_string()});
+            if !next.is_empty() {
+                meta["continue"] = next.clone().into();
+                meta["remainingItemCount"] = remaining.unwrap_or(0).into();
+            }
+            let mut out = format!(
+                "{{\"kind\":{},\"apiVersion\":{},\"metadata\":{},\"items\":[",
+                serde_json::Value::from(list_kind),
+                serde_json::Value::from(av),
+                meta
+            )
+            .into_bytes();
+            for (i, l) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&l.pick(enc).expect("filtered above").body);
+            }
+            out.extend_from_slice(b"]}");
+            out
+        }
+        Encoding::Protobuf => {
+            let raw = kproto::list_message(
+                &rv.to_string(),
+                &next,
+                remaining,
+                items
+                    .iter()
+                    .map(|l| l.pick(enc).expect("filtered above").body.as_slice()),
+            );
+            kproto::envelope(&av, &list_kind, &raw)
+        }
+    };
+    Ok(respond(enc.content_type(), body, warning))
+}
+
+/// A response body fed from a channel (offline watches).
+struct ChannelBody(mpsc::Receiver<Bytes>);
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// A watch event in the client's encoding.
+fn event(enc: Encoding, ty: &str, item: &Item) -> Bytes {
+    match enc {
+        Encoding::Json => {
+            let mut line = format!("{{\"type\":\"{ty}\",\"object\":").into_bytes();
+            line.extend_from_slice(&item.body);
+            line.extend_from_slice(b"}\n");
+            line.into()
+        }
+        Encoding::Protobuf => kproto::watch_frame(ty, &encode_object(item)).into(),
+    }
+}
+
+/// An object carrying only metadata (bookmarks, deletions known by key).
+fn meta_only(
+    enc: Encoding,
+    av: &str,
+    kind: &str,
+    key: Option<&ObjectKey>,
+    rv: u64,
+    annotations: &[(&str, &str)],
+) -> Item {
+    let (name, ns) = key.map_or(("", ""), |k| (k.name.as_str(), k.namespace.as_str()));
+    let body = match enc {
+        Encoding::Json => {
+            let mut meta = serde_json::json!({"resourceVersion": rv.to_string()});
+            if !name.is_empty() {
+                meta["name"] = name.into();
+            }
+            if !ns.is_empty() {
+                meta["namespace"] = ns.into();
+            }
+            if !annotations.is_empty() {
+                meta["annotations"] = annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+                    .collect::<serde_json::Map<_, _>>()
+                    .into();
+            }
+            serde_json::to_vec(
+                &serde_json::json!({"kind": kind, "apiVersion": av, "metadata": meta}),
+            )
+            .unwrap_or_default()
+        }
+        Encoding::Protobuf => kproto::meta_only_object(name, ns, &rv.to_string(), annotations),
+    };
+    Item {
+        name: name.into(),
+        namespace: ns.into(),
+        rv,
+        labels: vec![],
+        fields: vec![],
+        api_version: av.into(),
+        kind: kind.into(),
+        encoding: enc,
+        body,
+    }
+}
+
+async fn watch(
+    store: Arc<Store>,
+    info: RequestInfo,
+    query: String,
+    credential: String,
+    prefs: Vec<Encoding>,
+    cloud_back: Arc<dyn Fn() -> bool + Send + Sync>,
+) -> Result<Response<ProxyBody>, String> {
+    let sel = match selector(&info, &query)? {
+        Ok(s) => s,
+        Err(msg) => return Ok(bad_request(&msg)),
+    };
+    let (scan_info, scan_cred, scan_store) = (info.clone(), credential.clone(), store.clone());
+    let (objects, rv) =
+        run_blocking(move || scope_objects(&scan_store, &scan_info, &scan_cred)).await?;
+    let live: Vec<&Latest> = objects.iter().filter(|l| !l.deleted).collect();
+    let enc = choose(&live, &prefs).map_or(prefs[0], |(e, _)| e);
+    let from: u64 = param(&query, "resourceVersion").parse().unwrap_or(0);
+    let initial = from == 0 || param(&query, "sendInitialEvents") == "true";
+    let bookmarks = param(&query, "allowWatchBookmarks") == "true";
+    let av = api_version(&info);
+    let kind = objects
+        .iter()
+        .find_map(|l| {
+            l.json
+                .as_ref()
+                .or(l.protobuf.as_ref())
+                .map(|i| i.kind.clone())
+        })
+        .unwrap_or_default();
+    // What happened after `from`, as far as the cache knows: live objects as MODIFIED (or
+    // ADDED for a fresh start), deletions as DELETED.
+    let mut first: Vec<Bytes> = Vec::new();
+    for l in &objects {
+        if !initial && l.newest_rv <= from {
+            continue;
+        }
+        if l.deleted {
+            if !initial {
+                let gone = meta_only(enc, &av, &kind, Some(&l.key), l.newest_rv, &[]);
+                first.push(event(enc, "DELETED", &gone));
+            }
+            continue;
+        }
+        let Some(item) = l.pick(enc) else { continue };
+        if sel.matches(&item.labels, &item.fields) {
+            first.push(event(enc, if initial { "ADDED" } else { "MODIFIED" }, item));
+        }
+    }
+    if param(&query, "sendInitialEvents") == "true" {
+        first.push(event(
+            enc,
+            "BOOKMARK",
+            &meta_only(
+                enc,
+                &av,
+                &kind,
+                None,
+                rv,
+                &[("k8s.io/initial-events-end", "true")],
+            ),
+        ));
+    }
+    let timeout = param(&query, "timeoutSeconds")
+        .parse::<u64>()
+        .ok()
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs);
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let mut last_bookmark = Instant::now();
+        for b in first {
+            if tx.send(b).await.is_err() {
+                return;
+            }
+        }
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(CLOUD_CHECK) => {}
+                _ = tx.closed() => return,
+            }
+            // The cloud is back, or the client's timeout is up: end cleanly, the client
+            // re-lists and re-watches (from the cloud).
+            if cloud_back() || timeout.is_some_and(|t| started.elapsed() >= t) {
+                return;
+            }
+            if bookmarks && last_bookmark.elapsed() >= BOOKMARK_EVERY {
+                last_bookmark = Instant::now();
+                let b = event(enc, "BOOKMARK", &meta_only(enc, &av, &kind, None, rv, &[]));
+                if tx.send(b).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let ct = match enc {
+        Encoding::Json => "application/json".to_string(),
+        Encoding::Protobuf => format!("{};stream=watch", enc.content_type()),
+    };
+    let mut resp = respond(&ct, Bytes::new(), None);
+    *resp.body_mut() = ChannelBody(rx).boxed();
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_negotiation() {
+        use Encoding::*;
+        assert_eq!(accepted(""), vec![Json]);
+        assert_eq!(
+            accepted("application/vnd.kubernetes.protobuf, application/json"),
+            vec![Protobuf, Json]
+        );
+        assert_eq!(
+            accepted("application/json;as=Table;v=v1;g=meta.k8s.io,application/json"),
+            vec![Json]
+        );
+        assert!(accepted("application/json;as=Table;v=v1;g=meta.k8s.io").is_empty());
+        assert_eq!(accepted("*/*"), vec![Json]);
+    }
+
+    #[test]
+    fn continue_tokens_round_trip() {
+        let k = ObjectKey {
+            credential: "c".into(),
+            gvr: "/v1/pods".into(),
+            namespace: "ns1".into(),
+            name: "p-7".into(),
+            component: "kubelet".into(),
+        };
+        assert_eq!(
+            parse_continue(&continue_token(9, &k)),
+            Some(("ns1".into(), "p-7".into()))
+        );
+        assert_eq!(parse_continue("garbage"), None);
+    }
+}

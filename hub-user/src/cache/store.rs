@@ -1,0 +1,818 @@
+//! The local store: one redb file under cache.dir, written in transactions so a crash or a
+//! power cut leaves either the old or the new state, never a torn one.
+//!
+//! Tables:
+//! * `objects`: `credential \0 group/version/resource \0 namespace \0 name \0 component` →
+//!   record (resourceVersion, encoding, metadata for selectors, the original bytes).
+//!   Objects of one resource sort together by namespace and name, and the copies different
+//!   components hold of one object sit side by side.
+//! * `lists`: `credential \0 gvr \0 namespace` → the last complete LIST committed there
+//!   (its resourceVersion and whether it was unfiltered), so the cache knows which lists it
+//!   can answer truthfully.
+//! * `raw`: `path \0 content-type` → discovery and /version answers.
+//!
+//! Deletions leave a tombstone holding the deleting resourceVersion, so an older event or
+//! list that arrives later cannot bring the object back (OpenYurt #2712).
+use std::{
+    collections::HashMap,
+    os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use redb::{Database, ReadOnlyDatabase, ReadableDatabase, ReadableTable, TableDefinition};
+
+use super::{
+    objects::{Encoding, Item},
+    select::Selector,
+};
+
+const OBJECTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("objects");
+const LISTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("lists");
+const RAW: TableDefinition<&[u8], &[u8]> = TableDefinition::new("raw");
+
+/// The store's file name under cache.dir.
+pub const FILE: &str = "cache.redb";
+/// Tombstones older than this are dropped when a later list covers them.
+const TOMBSTONE_TTL_SECS: u64 = 600;
+/// redb's page cache: small, the OS page cache does the rest.
+const PAGE_CACHE_BYTES: usize = 8 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cache directory {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cache store {path} is in use by a running hub")]
+    InUse { path: PathBuf },
+    #[error("cache store {path} cannot be opened (corrupt?): {reason}")]
+    Open { path: PathBuf, reason: String },
+    #[error("cache store: {0}")]
+    Db(String),
+}
+
+fn db_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Db(e.to_string())
+}
+
+pub fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Where an object is kept.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct ObjectKey {
+    pub credential: String,
+    pub gvr: String,
+    pub namespace: String,
+    pub name: String,
+    pub component: String,
+}
+
+fn join(parts: &[&str]) -> Vec<u8> {
+    parts.join("\0").into_bytes()
+}
+
+impl ObjectKey {
+    pub fn encode(&self) -> Vec<u8> {
+        join(&[
+            &self.credential,
+            &self.gvr,
+            &self.namespace,
+            &self.name,
+            &self.component,
+        ])
+    }
+
+    fn decode(b: &[u8]) -> Option<ObjectKey> {
+        let s = std::str::from_utf8(b).ok()?;
+        let mut p = s.split('\0');
+        let k = ObjectKey {
+            credential: p.next()?.into(),
+            gvr: p.next()?.into(),
+            namespace: p.next()?.into(),
+            name: p.next()?.into(),
+            component: p.next()?.into(),
+        };
+        p.next().is_none().then_some(k)
+    }
+}
+
+/// The range of keys of one credential's resource, optionally one namespace and name.
+pub fn prefix(credential: &str, gvr: &str, namespace: Option<&str>, name: Option<&str>) -> Vec<u8> {
+    let mut parts = vec![credential, gvr];
+    parts.extend(namespace);
+    parts.extend(name);
+    let mut k = join(&parts);
+    k.push(0);
+    k
+}
+
+/// The first key after every key starting with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![u8::MAX; prefix.len() + 1]
+}
+
+/// One stored object (or its tombstone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub deleted: bool,
+    /// Unix seconds when it was written.
+    pub stored_at: u64,
+    pub item: Item,
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (a, b) = (self.0.get(..n)?, self.0.get(n..)?);
+        self.0 = b;
+        Some(a)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn string(&mut self) -> Option<String> {
+        let n = self.u32()? as usize;
+        String::from_utf8(self.take(n)?.to_vec()).ok()
+    }
+    fn pairs(&mut self) -> Option<Vec<(String, String)>> {
+        let n = self.u32()?;
+        (0..n)
+            .map(|_| Some((self.string()?, self.string()?)))
+            .collect()
+    }
+}
+
+const RECORD_VERSION: u8 = 1;
+
+impl Record {
+    pub fn encode(&self) -> Vec<u8> {
+        let i = &self.item;
+        let mut out = Vec::with_capacity(64 + i.body.len());
+        out.push(RECORD_VERSION);
+        out.push(u8::from(self.deleted) | (u8::from(i.encoding == Encoding::Protobuf) << 1));
+        out.extend_from_slice(&i.rv.to_le_bytes());
+        out.extend_from_slice(&self.stored_at.to_le_bytes());
+        for s in [&i.name, &i.namespace, &i.api_version, &i.kind] {
+            put_str(&mut out, s);
+        }
+        for pairs in [&i.labels, &i.fields] {
+            out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
+            for (k, v) in pairs {
+                put_str(&mut out, k);
+                put_str(&mut out, v);
+            }
+        }
+        out.extend_from_slice(&i.body);
+        out
+    }
+
+    /// None when the bytes are not a record this version wrote.
+    pub fn decode(b: &[u8]) -> Option<Record> {
+        let mut r = Reader(b);
+        if r.take(1)? != [RECORD_VERSION] {
+            return None;
+        }
+        let flags = r.take(1)?[0];
+        let rv = r.u64()?;
+        let stored_at = r.u64()?;
+        let item = Item {
+            name: r.string()?,
+            namespace: r.string()?,
+            api_version: r.string()?,
+            kind: r.string()?,
+            labels: r.pairs()?,
+            fields: r.pairs()?,
+            rv,
+            encoding: if flags & 2 != 0 {
+                Encoding::Protobuf
+            } else {
+                Encoding::Json
+            },
+            body: r.0.to_vec(),
+        };
+        Some(Record {
+            deleted: flags & 1 != 0,
+            stored_at,
+            item,
+        })
+    }
+}
+
+/// What the cache knows about the last complete list of a resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListMeta {
+    pub rv: u64,
+    /// The list had no selector: everything absent from it was absent in the cloud.
+    pub unfiltered: bool,
+}
+
+fn list_key(credential: &str, gvr: &str, namespace: &str) -> Vec<u8> {
+    join(&[credential, gvr, namespace])
+}
+
+/// One change, applied inside a batch's transaction.
+#[derive(Debug)]
+pub enum Write {
+    /// A GET answer or a watch ADDED/MODIFIED: kept unless the store has something fresher.
+    Upsert { key: ObjectKey, item: Item },
+    /// A watch DELETED: a tombstone, unless the store has something fresher.
+    Delete { key: ObjectKey, item: Item },
+    /// A complete LIST: the component's objects in that namespace (all, if empty) that the
+    /// selector matches are replaced by `items`, atomically.
+    ReplaceList {
+        credential: String,
+        component: String,
+        gvr: String,
+        namespace: String,
+        selector: Selector,
+        /// False when the selector uses a field the cache does not index: then nothing
+        /// can be known to be gone, and only the returned objects are written.
+        prune: bool,
+        rv: u64,
+        items: Vec<Item>,
+    },
+    /// Discovery or /version.
+    Raw {
+        path: String,
+        content_type: String,
+        body: Vec<u8>,
+    },
+}
+
+/// What a batch did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    pub written: u64,
+    /// Older than what the store holds (or equal): left alone.
+    pub stale: u64,
+    pub deleted: u64,
+}
+
+enum Db {
+    ReadWrite(Database),
+    ReadOnly(ReadOnlyDatabase),
+}
+
+pub struct Store {
+    db: Db,
+    pub path: PathBuf,
+}
+
+/// Creates `dir` owner-only (0700), or tightens it if it exists.
+fn private_dir(dir: &Path) -> Result<(), StoreError> {
+    let err = |source| StoreError::Dir {
+        path: dir.to_path_buf(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(err)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)
+}
+
+fn open_error(path: &Path, e: redb::DatabaseError) -> StoreError {
+    match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse {
+            path: path.to_path_buf(),
+        },
+        e => StoreError::Open {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        },
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the store under `dir`, owner-only.
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        private_dir(dir)?;
+        let path = dir.join(FILE);
+        // Create the file 0600 before redb does, so it never exists with wider permissions.
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|source| StoreError::Dir {
+                path: path.clone(),
+                source,
+            })?;
+        let db = Database::builder()
+            .set_cache_size(PAGE_CACHE_BYTES)
+            .create(&path)
+            .map_err(|e| open_error(&path, e))?;
+        let txn = db.begin_write().map_err(db_err)?;
+        for t in [OBJECTS, LISTS, RAW] {
+            txn.open_table(t).map_err(db_err)?;
+        }
+        txn.commit().map_err(db_err)?;
+        Ok(Store {
+            db: Db::ReadWrite(db),
+            path,
+        })
+    }
+
+    /// Opens an existing store for reading (`hub cache` while the daemon is stopped).
+    pub fn open_read_only(dir: &Path) -> Result<Store, StoreError> {
+        let path = dir.join(FILE);
+        if !path.exists() {
+            return Err(StoreError::Open {
+                path,
+                reason: "no such file".into(),
+            });
+        }
+        let db = Database::builder()
+            .set_cache_size(PAGE_CACHE_BYTES)
+            .open_read_only(&path)
+            .map_err(|e| open_error(&path, e))?;
+        Ok(Store {
+            db: Db::ReadOnly(db),
+            path,
+        })
+    }
+
+    fn read(&self) -> Result<redb::ReadTransaction, StoreError> {
+        match &self.db {
+            Db::ReadWrite(d) => d.begin_read(),
+            Db::ReadOnly(d) => d.begin_read(),
+        }
+        .map_err(db_err)
+    }
+
+    /// Every record whose key starts with `prefix` (tombstones included), in key order.
+    pub fn scan(&self, prefix: &[u8]) -> Result<Vec<(ObjectKey, Record)>, StoreError> {
+        let txn = self.read()?;
+        let table = txn.open_table(OBJECTS).map_err(db_err)?;
+        let end = prefix_end(prefix);
+        let mut out = Vec::new();
+        for entry in table.range(prefix..end.as_slice()).map_err(db_err)? {
+            let (k, v) = entry.map_err(db_err)?;
+            if let (Some(key), Some(rec)) =
+                (ObjectKey::decode(k.value()), Record::decode(v.value()))
+            {
+                out.push((key, rec));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The last complete list of `gvr` in `namespace` ("" = all namespaces / cluster-scoped).
+    pub fn list_meta(
+        &self,
+        credential: &str,
+        gvr: &str,
+        namespace: &str,
+    ) -> Result<Option<ListMeta>, StoreError> {
+        let txn = self.read()?;
+        let table = txn.open_table(LISTS).map_err(db_err)?;
+        let v = table
+            .get(list_key(credential, gvr, namespace).as_slice())
+            .map_err(db_err)?;
+        Ok(v.and_then(|v| {
+            let b = v.value();
+            Some(ListMeta {
+                rv: u64::from_le_bytes(b.get(..8)?.try_into().ok()?),
+                unfiltered: *b.get(8)? == 1,
+            })
+        }))
+    }
+
+    /// Discovery answers stored for `path`: (content type, body).
+    pub fn raw(&self, path: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let txn = self.read()?;
+        let table = txn.open_table(RAW).map_err(db_err)?;
+        let start = format!("{path}\0").into_bytes();
+        let end = prefix_end(&start);
+        let mut out = Vec::new();
+        for entry in table
+            .range(start.as_slice()..end.as_slice())
+            .map_err(db_err)?
+        {
+            let (k, v) = entry.map_err(db_err)?;
+            let ct = String::from_utf8_lossy(&k.value()[start.len()..]).into_owned();
+            out.push((ct, v.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Applies a batch of writes in one transaction, durably (fsync before returning).
+    pub fn apply(&self, writes: Vec<Write>) -> Result<Applied, StoreError> {
+        let Db::ReadWrite(db) = &self.db else {
+            return Err(StoreError::Db("store opened read-only".into()));
+        };
+        let mut applied = Applied::default();
+        let txn = db.begin_write().map_err(db_err)?;
+        {
+            let mut objects = txn.open_table(OBJECTS).map_err(db_err)?;
+            let mut lists = txn.open_table(LISTS).map_err(db_err)?;
+            let mut raw = txn.open_table(RAW).map_err(db_err)?;
+            let now = now();
+            for w in writes {
+                match w {
+                    Write::Upsert { key, item } => {
+                        let k = key.encode();
+                        if is_stale(&objects, &k, item.rv)? {
+                            applied.stale += 1;
+                            continue;
+                        }
+                        let rec = Record {
+                            deleted: false,
+                            stored_at: now,
+                            item,
+                        };
+                        objects
+                            .insert(k.as_slice(), rec.encode().as_slice())
+                            .map_err(db_err)?;
+                        applied.written += 1;
+                    }
+                    Write::Delete { key, item } => {
+                        let k = key.encode();
+                        // Stale only if the store holds something newer than the deletion.
+                        if is_stale(&objects, &k, item.rv.saturating_add(1))? {
+                            applied.stale += 1;
+                            continue;
+                        }
+                        let rec = tombstone(item, now);
+                        objects
+                            .insert(k.as_slice(), rec.encode().as_slice())
+                            .map_err(db_err)?;
+                        applied.deleted += 1;
+                    }
+                    Write::ReplaceList {
+                        credential,
+                        component,
+                        gvr,
+                        namespace,
+                        selector,
+                        prune,
+                        rv,
+                        items,
+                    } => {
+                        replace_list(
+                            &mut objects,
+                            &credential,
+                            &component,
+                            &gvr,
+                            &namespace,
+                            prune.then_some(&selector),
+                            rv,
+                            items,
+                            now,
+                            &mut applied,
+                        )?;
+                        let mut meta = rv.to_le_bytes().to_vec();
+                        meta.push(u8::from(selector.is_empty()));
+                        lists
+                            .insert(
+                                list_key(&credential, &gvr, &namespace).as_slice(),
+                                meta.as_slice(),
+                            )
+                            .map_err(db_err)?;
+                    }
+                    Write::Raw {
+                        path,
+                        content_type,
+                        body,
+                    } => {
+                        raw.insert(
+                            format!("{path}\0{content_type}").as_bytes(),
+                            body.as_slice(),
+                        )
+                        .map_err(db_err)?;
+                        applied.written += 1;
+                    }
+                }
+            }
+        }
+        txn.commit().map_err(db_err)?;
+        Ok(applied)
+    }
+
+    /// Counts (objects, tombstones, bytes of object bodies) — for status and `hub cache`.
+    pub fn counts(&self) -> Result<(u64, u64, u64), StoreError> {
+        let mut c = (0, 0, 0);
+        for (_, rec) in self.scan(&[])? {
+            if rec.deleted {
+                c.1 += 1;
+            } else {
+                c.0 += 1;
+                c.2 += rec.item.body.len() as u64;
+            }
+        }
+        Ok(c)
+    }
+}
+
+fn tombstone(mut item: Item, now: u64) -> Record {
+    item.body.clear();
+    Record {
+        deleted: true,
+        stored_at: now,
+        item,
+    }
+}
+
+/// True when the stored record (object or tombstone) is at least as fresh as `rv`: an
+/// equal resourceVersion is the same state, an older one must not overwrite a newer.
+fn is_stale(objects: &redb::Table<&[u8], &[u8]>, key: &[u8], rv: u64) -> Result<bool, StoreError> {
+    let Some(v) = objects.get(key).map_err(db_err)? else {
+        return Ok(false);
+    };
+    Ok(Record::decode(v.value()).is_some_and(|r| rv != 0 && r.item.rv >= rv))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn replace_list(
+    objects: &mut redb::Table<&[u8], &[u8]>,
+    credential: &str,
+    component: &str,
+    gvr: &str,
+    namespace: &str,
+    prune: Option<&Selector>,
+    rv: u64,
+    items: Vec<Item>,
+    now: u64,
+    applied: &mut Applied,
+) -> Result<(), StoreError> {
+    let ns = (!namespace.is_empty()).then_some(namespace);
+    let start = prefix(credential, gvr, ns, None);
+    let end = prefix_end(&start);
+    // This component's current records in the list's scope: (namespace, name) -> record.
+    let mut existing: HashMap<(String, String), Record> = HashMap::new();
+    for entry in objects
+        .range(start.as_slice()..end.as_slice())
+        .map_err(db_err)?
+    {
+        let (k, v) = entry.map_err(db_err)?;
+        let (Some(key), Some(rec)) = (ObjectKey::decode(k.value()), Record::decode(v.value()))
+        else {
+            continue;
+        };
+        if key.component == component {
+            existing.insert((key.namespace, key.name), rec);
+        }
+    }
+    let key_of = |namespace: &str, name: &str| ObjectKey {
+        credential: credential.into(),
+        gvr: gvr.into(),
+        namespace: namespace.into(),
+        name: name.into(),
+        component: component.into(),
+    };
+    for item in items {
+        let id = (item.namespace.clone(), item.name.clone());
+        let old = existing.remove(&id);
+        // A watch event newer than this list may already be stored: keep it.
+        if old.is_some_and(|o| o.item.rv >= item.rv && item.rv != 0) {
+            applied.stale += 1;
+            continue;
+        }
+        let rec = Record {
+            deleted: false,
+            stored_at: now,
+            item,
+        };
+        objects
+            .insert(
+                key_of(&id.0, &id.1).encode().as_slice(),
+                rec.encode().as_slice(),
+            )
+            .map_err(db_err)?;
+        applied.written += 1;
+    }
+    // What the list did not return, and the selector covers, is gone as of `rv`.
+    for ((ns, name), old) in existing {
+        let k = key_of(&ns, &name).encode();
+        if old.deleted {
+            if now.saturating_sub(old.stored_at) > TOMBSTONE_TTL_SECS && old.item.rv <= rv {
+                objects.remove(k.as_slice()).map_err(db_err)?;
+            }
+            continue;
+        }
+        let Some(selector) = prune else { continue };
+        if old.item.rv > rv || !selector.matches(&old.item.labels, &old.item.fields) {
+            continue;
+        }
+        let mut gone = old.item;
+        gone.rv = rv;
+        objects
+            .insert(k.as_slice(), tombstone(gone, now).encode().as_slice())
+            .map_err(db_err)?;
+        applied.deleted += 1;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(ns: &str, name: &str, rv: u64, app: &str) -> Item {
+        Item {
+            name: name.into(),
+            namespace: ns.into(),
+            rv,
+            labels: vec![("app".into(), app.into())],
+            fields: vec![],
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            encoding: Encoding::Json,
+            body: format!("{{\"rv\":{rv}}}").into_bytes(),
+        }
+    }
+
+    fn key(ns: &str, name: &str, component: &str) -> ObjectKey {
+        ObjectKey {
+            credential: "node".into(),
+            gvr: "/v1/pods".into(),
+            namespace: ns.into(),
+            name: name.into(),
+            component: component.into(),
+        }
+    }
+
+    fn live(store: &Store) -> Vec<(String, u64)> {
+        store
+            .scan(&prefix("node", "/v1/pods", None, None))
+            .unwrap()
+            .into_iter()
+            .filter(|(_, r)| !r.deleted)
+            .map(|(k, r)| {
+                (
+                    format!("{}/{}@{}", k.namespace, k.name, k.component),
+                    r.item.rv,
+                )
+            })
+            .collect()
+    }
+
+    fn replace(ns: &str, selector: &str, rv: u64, items: Vec<Item>) -> Write {
+        Write::ReplaceList {
+            credential: "node".into(),
+            component: "kubelet".into(),
+            gvr: "/v1/pods".into(),
+            namespace: ns.into(),
+            selector: Selector::parse(selector, "").unwrap(),
+            prune: true,
+            rv,
+            items,
+        }
+    }
+
+    fn temp() -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "hub-store-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn record_round_trip_and_corruption() {
+        let r = Record {
+            deleted: false,
+            stored_at: 5,
+            item: item("d", "a", 9, "web"),
+        };
+        assert_eq!(Record::decode(&r.encode()), Some(r.clone()));
+        let enc = r.encode();
+        assert_eq!(Record::decode(&enc[..20]), None);
+        assert_eq!(Record::decode(b""), None);
+    }
+
+    #[test]
+    fn fresher_wins_and_tombstones_block_stale_events() {
+        let dir = temp();
+        let s = Store::open(&dir).unwrap();
+        let up = |rv| Write::Upsert {
+            key: key("d", "a", "kubelet"),
+            item: item("d", "a", rv, "web"),
+        };
+        s.apply(vec![up(5)]).unwrap();
+        let a = s.apply(vec![up(4), up(5)]).unwrap();
+        assert_eq!((a.written, a.stale), (0, 2));
+        s.apply(vec![Write::Delete {
+            key: key("d", "a", "kubelet"),
+            item: item("d", "a", 8, "web"),
+        }])
+        .unwrap();
+        assert!(live(&s).is_empty());
+        // An event from before the deletion does not resurrect it.
+        assert_eq!(s.apply(vec![up(7)]).unwrap().stale, 1);
+        assert!(live(&s).is_empty());
+        s.apply(vec![up(9)]).unwrap();
+        assert_eq!(live(&s), vec![("d/a@kubelet".into(), 9)]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn list_replace_respects_namespace_selector_component_and_newer_events() {
+        let dir = temp();
+        let s = Store::open(&dir).unwrap();
+        s.apply(vec![
+            replace(
+                "",
+                "",
+                10,
+                vec![
+                    item("ns1", "a", 3, "web"),
+                    item("ns1", "b", 4, "db"),
+                    item("ns10", "c", 5, "web"),
+                ],
+            ),
+            Write::Upsert {
+                key: key("ns1", "a", "kube-proxy"),
+                item: item("ns1", "a", 3, "web"),
+            },
+        ])
+        .unwrap();
+        // A namespaced list of ns1 does not touch ns10 (prefix trap: ns1 vs ns10).
+        s.apply(vec![replace(
+            "ns1",
+            "",
+            11,
+            vec![item("ns1", "a", 3, "web")],
+        )])
+        .unwrap();
+        assert_eq!(
+            live(&s),
+            vec![
+                ("ns1/a@kube-proxy".into(), 3),
+                ("ns1/a@kubelet".into(), 3),
+                ("ns10/c@kubelet".into(), 5)
+            ]
+        );
+        // A newer event, then an older list without the object: the event's state stays.
+        s.apply(vec![Write::Upsert {
+            key: key("ns10", "d", "kubelet"),
+            item: item("ns10", "d", 20, "web"),
+        }])
+        .unwrap();
+        // A selector-limited list only replaces what the selector covers.
+        s.apply(vec![replace("", "app=db", 15, vec![])]).unwrap();
+        assert_eq!(live(&s).len(), 4);
+        s.apply(vec![replace(
+            "",
+            "app=web",
+            15,
+            vec![item("ns1", "a", 3, "web")],
+        )])
+        .unwrap();
+        assert_eq!(
+            live(&s),
+            vec![
+                ("ns1/a@kube-proxy".into(), 3),
+                ("ns1/a@kubelet".into(), 3),
+                ("ns10/d@kubelet".into(), 20)
+            ]
+        );
+        assert_eq!(
+            s.list_meta("node", "/v1/pods", "").unwrap(),
+            Some(ListMeta {
+                rv: 15,
+                unfiltered: false
+            })
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn files_are_owner_only() {
+        let dir = temp().join("state");
+        let s = Store::open(&dir).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&s.path), 0o600);
+        drop(s);
+        std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+    }
+}
