@@ -12,7 +12,10 @@ use tokio::{
     sync::watch,
 };
 
-use crate::state::{HubState, StatusReport};
+use crate::{
+    cache::inspect,
+    state::{HubState, StatusReport},
+};
 
 fn respond(code: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     Response::builder()
@@ -40,7 +43,48 @@ fn route(state: &HubState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
                 e.to_string(),
             ),
         },
+        "/v1/cache/ls" | "/v1/cache/get" => cache_route(state, req),
         _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found"),
+    }
+}
+
+/// `hub cache ls|get` while the daemon runs (it holds the store's lock).
+fn cache_route(state: &HubState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let Some(cache) = state.cache() else {
+        return respond(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "the cache is turned off",
+        );
+    };
+    let q = req.uri().query().unwrap_or("");
+    let param = |n: &str| crate::proxy::request::query_param(q, n).filter(|v| !v.is_empty());
+    let component = param("component");
+    let json = if req.uri().path() == "/v1/cache/ls" {
+        inspect::list(
+            cache.store(),
+            component.as_deref(),
+            param("resource").as_deref(),
+        )
+        .map_err(|e| e.to_string())
+        .and_then(|l| serde_json::to_vec(&l).map_err(|e| e.to_string()))
+    } else {
+        let key = param("key").unwrap_or_default();
+        match inspect::get(cache.store(), &key, component.as_deref()) {
+            Ok(Some(o)) => serde_json::to_vec(&o).map_err(|e| e.to_string()),
+            Ok(None) => {
+                return respond(
+                    StatusCode::NOT_FOUND,
+                    "text/plain",
+                    format!("{key} is not cached"),
+                );
+            }
+            Err(e) => Err(e),
+        }
+    };
+    match json {
+        Ok(j) => respond(StatusCode::OK, "application/json", j),
+        Err(e) => respond(StatusCode::BAD_REQUEST, "text/plain", e),
     }
 }
 
@@ -87,13 +131,23 @@ pub enum AdminClientError {
 
 /// Fetches `/v1/status` from a running hub.
 pub async fn fetch_status(addr: SocketAddr) -> Result<StatusReport, AdminClientError> {
+    let body = fetch(addr, "/v1/status").await?;
+    serde_json::from_slice(&body).map_err(|e| AdminClientError::Answer {
+        addr,
+        reason: e.to_string(),
+    })
+}
+
+/// GETs `path_and_query` from a running hub's admin port; the body of a 200 answer.
+pub async fn fetch(addr: SocketAddr, path_and_query: &str) -> Result<Vec<u8>, AdminClientError> {
     let connect_err = |source| AdminClientError::Connect { addr, source };
     let answer_err = |reason: String| AdminClientError::Answer { addr, reason };
     let mut stream = tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(addr))
         .await
         .map_err(|_| connect_err(std::io::ErrorKind::TimedOut.into()))?
         .map_err(connect_err)?;
-    let request = format!("GET /v1/status HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let request =
+        format!("GET {path_and_query} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     stream
         .write_all(request.as_bytes())
         .await
@@ -108,12 +162,15 @@ pub async fn fetch_status(addr: SocketAddr) -> Result<StatusReport, AdminClientE
         .position(|w| w == b"\r\n\r\n")
         .ok_or_else(|| answer_err("no HTTP header end".into()))?;
     let head = String::from_utf8_lossy(&raw[..split]);
+    let body = raw[split + 4..].to_vec();
     if !head.starts_with("HTTP/1.1 200") {
-        return Err(answer_err(
-            head.lines().next().unwrap_or_default().to_string(),
-        ));
+        return Err(answer_err(format!(
+            "{}: {}",
+            head.lines().next().unwrap_or_default(),
+            String::from_utf8_lossy(&body).trim()
+        )));
     }
-    serde_json::from_slice(&raw[split + 4..]).map_err(|e| answer_err(e.to_string()))
+    Ok(body)
 }
 
 /// Human-readable form for `hub status`.
@@ -149,6 +206,28 @@ pub fn render(s: &StatusReport) -> String {
         };
         let state = if c.healthy { "healthy" } else { "UNHEALTHY" };
         let _ = writeln!(out, "  {} {state}{why}", c.server);
+    }
+    match &s.cache {
+        Some(c) => {
+            let _ = writeln!(
+                out,
+                "cache:        {} entries ({} bytes on disk), {} written, {} stale skipped, {} deleted, {} rejected, {} write errors, {} pending",
+                c.entries,
+                c.file_bytes,
+                c.written,
+                c.stale,
+                c.deleted,
+                c.rejected,
+                c.write_errors,
+                c.pending
+            );
+            if let Some(e) = &c.last_error {
+                let _ = writeln!(out, "  last cache error: {e}");
+            }
+        }
+        None => {
+            let _ = writeln!(out, "cache:        off");
+        }
     }
     let _ = writeln!(out, "coordinator:  not configured in this build");
     let _ = writeln!(out, "role:         follower (no pool)");

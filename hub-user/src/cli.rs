@@ -33,6 +33,12 @@ enum Command {
         #[arg(long, short, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+    /// Read the local cache: directly while the daemon is stopped, through its admin port
+    /// while it runs.
+    Cache {
+        #[command(subcommand)]
+        command: CacheCommand,
+    },
     /// eBPF interception: programs, links, the VIP table and its counters.
     Bpf {
         #[command(subcommand)]
@@ -56,6 +62,39 @@ enum BpfCommand {
         pin_path: PathBuf,
         #[arg(long, short, value_enum, default_value_t = Output::Text)]
         output: Output,
+    },
+}
+
+#[derive(Args)]
+struct CacheWhere {
+    /// The hub's state directory (cache.dir).
+    #[arg(long, default_value = "/var/lib/hub")]
+    dir: PathBuf,
+    /// Admin address of a running hub (used when the store is locked by it).
+    #[arg(long, default_value = "127.0.0.1:10267")]
+    admin: SocketAddr,
+    /// Only objects cached for this component (kubelet, kube-proxy, ...).
+    #[arg(long)]
+    component: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum CacheCommand {
+    /// List cached objects: component, credential, key, resourceVersion, encoding, size.
+    Ls {
+        #[command(flatten)]
+        at: CacheWhere,
+        /// Only this resource (`pods`, or `group/version/resource` such as `/v1/pods`).
+        #[arg(long)]
+        resource: Option<String>,
+        #[arg(long, short, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// Print one cached object; KEY is as `hub cache ls` shows it, e.g. /v1/pods/default/web-0.
+    Get {
+        key: String,
+        #[command(flatten)]
+        at: CacheWhere,
     },
 }
 
@@ -112,6 +151,7 @@ pub fn main() -> ExitCode {
                 Output::Text => admin::render(&report),
             })
         }),
+        Command::Cache { command } => with_runtime(cache_command(command)),
         Command::Bpf {
             command: BpfCommand::Status { pin_path, output },
         } => print_result(
@@ -135,6 +175,73 @@ pub fn main() -> ExitCode {
                 })
                 .map_err(|e| format!("uninstall: {e}")),
         ),
+    }
+}
+
+/// `hub cache ls|get`: the store file if it can be opened, else the running hub.
+async fn cache_command(command: CacheCommand) -> Result<String, String> {
+    use crate::cache::{
+        inspect,
+        store::{Store, StoreError},
+    };
+    let at = match &command {
+        CacheCommand::Ls { at, .. } | CacheCommand::Get { at, .. } => at,
+    };
+    let local = match Store::open_read_only(&at.dir) {
+        Ok(s) => Some(s),
+        Err(StoreError::InUse { .. }) => None,
+        Err(e) => return Err(e.to_string()),
+    };
+    let enc = |s: &str| {
+        s.replace('%', "%25")
+            .replace('&', "%26")
+            .replace('+', "%2B")
+    };
+    let component = at.component.as_deref();
+    match command {
+        CacheCommand::Ls {
+            ref resource,
+            output,
+            ..
+        } => {
+            let entries = match &local {
+                Some(store) => inspect::list(store, component, resource.as_deref())
+                    .map_err(|e| e.to_string())?,
+                None => {
+                    let q = format!(
+                        "/v1/cache/ls?component={}&resource={}",
+                        enc(component.unwrap_or("")),
+                        enc(resource.as_deref().unwrap_or(""))
+                    );
+                    let body = admin::fetch(at.admin, &q)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    serde_json::from_slice(&body).map_err(|e| e.to_string())?
+                }
+            };
+            Ok(match output {
+                Output::Json => serde_json::to_string_pretty(&entries).unwrap_or_default(),
+                Output::Text => inspect::render(&entries),
+            })
+        }
+        CacheCommand::Get { ref key, .. } => {
+            let object: inspect::Object = match &local {
+                Some(store) => inspect::get(store, key, component)?
+                    .ok_or_else(|| format!("{key} is not cached"))?,
+                None => {
+                    let q = format!(
+                        "/v1/cache/get?key={}&component={}",
+                        enc(key),
+                        enc(component.unwrap_or(""))
+                    );
+                    let body = admin::fetch(at.admin, &q)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    serde_json::from_slice(&body).map_err(|e| e.to_string())?
+                }
+            };
+            Ok(serde_json::to_string_pretty(&object).unwrap_or_default())
+        }
     }
 }
 

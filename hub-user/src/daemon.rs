@@ -401,6 +401,9 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(interceptor);
+    if let Some(c) = &cache {
+        c.close();
+    }
     Ok(())
 }
 

@@ -69,6 +69,67 @@ impl HubSpec<'_> {
     }
 }
 
+/// The node name of a `LoopbackHub`.
+pub const LOOPBACK_NODE: &str = "test-node";
+
+/// A hub on loopback ports with interception off (proxy and cache scenarios); the cloud
+/// is given by URL, CA and node identity, `extra` is appended to the YAML.
+#[derive(Default)]
+pub struct LoopbackHub<'a> {
+    pub servers: Vec<String>,
+    pub ca: Option<&'a Path>,
+    pub node: Option<&'a (PathBuf, PathBuf)>,
+    pub serving: Option<(&'a Path, &'a Path)>,
+    pub client_ca: Option<&'a Path>,
+    pub plain: u16,
+    pub tls: Option<u16>,
+    pub admin: String,
+    /// YAML appended as is: more keys of the `cache:` section, which comes last.
+    pub extra: String,
+}
+
+impl LoopbackHub<'_> {
+    pub fn yaml(&self, cache: &Path) -> String {
+        let list: Vec<String> = self.servers.iter().map(|s| format!("\"{s}\"")).collect();
+        let mut y = format!(
+            "nodeName: {LOOPBACK_NODE}\ncloud:\n  servers: [{}]\n",
+            list.join(", ")
+        );
+        if let Some(ca) = self.ca {
+            y += &format!("  caFile: {}\n", ca.display());
+        }
+        if let Some((crt, key)) = self.node {
+            y += &format!(
+                "  certFile: {}\n  keyFile: {}\n",
+                crt.display(),
+                key.display()
+            );
+        }
+        y += &format!(
+            "intercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{}\n  admin: {}\n",
+            self.plain, self.admin
+        );
+        if let Some(tls) = self.tls {
+            y += &format!("  tlsProxy: 127.0.0.1:{tls}\n");
+        }
+        if self.serving.is_some() || self.client_ca.is_some() {
+            y += "tls:\n";
+        }
+        if let Some((crt, key)) = self.serving {
+            y += &format!(
+                "  certFile: {}\n  keyFile: {}\n",
+                crt.display(),
+                key.display()
+            );
+        }
+        if let Some(ca) = self.client_ca {
+            y += &format!("  clientCaFile: {}\n", ca.display());
+        }
+        y += &format!("cache:\n  dir: {}\n", cache.display());
+        y + &self.extra
+    }
+}
+
 impl HubProc {
     /// Starts a hub in `ns` (optionally inside `cgroup_procs`' cgroup) and waits until its
     /// admin port reports ready.

@@ -4,7 +4,7 @@
 use std::{
     io::{Read, Write},
     net::{SocketAddr, TcpStream},
-    path::{Path, PathBuf},
+    path::Path,
     process::Command,
     sync::Arc,
     time::{Duration, Instant},
@@ -19,67 +19,13 @@ use hub_tests::{
         seed,
         tls::{HubPki, TestCa},
     },
-    hub::HubProc,
+    hub::{HubProc, LoopbackHub as HubConfig},
     ports::free_port,
     wait_for,
 };
 use serde_json::{Value, json};
 
 const NODE: &str = "test-node";
-
-/// A hub config for these scenarios: interception off, loopback listeners.
-#[derive(Default)]
-struct HubConfig<'a> {
-    servers: Vec<String>,
-    ca: Option<&'a Path>,
-    node: Option<&'a (PathBuf, PathBuf)>,
-    serving: Option<(&'a Path, &'a Path)>,
-    client_ca: Option<&'a Path>,
-    plain: u16,
-    tls: Option<u16>,
-    admin: String,
-}
-
-impl HubConfig<'_> {
-    fn yaml(&self, cache: &Path) -> String {
-        let list: Vec<String> = self.servers.iter().map(|s| format!("\"{s}\"")).collect();
-        let mut y = format!(
-            "nodeName: {NODE}\ncloud:\n  servers: [{}]\n",
-            list.join(", ")
-        );
-        if let Some(ca) = self.ca {
-            y += &format!("  caFile: {}\n", ca.display());
-        }
-        if let Some((crt, key)) = self.node {
-            y += &format!(
-                "  certFile: {}\n  keyFile: {}\n",
-                crt.display(),
-                key.display()
-            );
-        }
-        y += &format!(
-            "intercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{}\n  admin: {}\n",
-            self.plain, self.admin
-        );
-        if let Some(tls) = self.tls {
-            y += &format!("  tlsProxy: 127.0.0.1:{tls}\n");
-        }
-        if self.serving.is_some() || self.client_ca.is_some() {
-            y += "tls:\n";
-        }
-        if let Some((crt, key)) = self.serving {
-            y += &format!(
-                "  certFile: {}\n  keyFile: {}\n",
-                crt.display(),
-                key.display()
-            );
-        }
-        if let Some(ca) = self.client_ca {
-            y += &format!("  clientCaFile: {}\n", ca.display());
-        }
-        y + &format!("cache:\n  dir: {}\n", cache.display())
-    }
-}
 
 struct Setup {
     clouds: Vec<StandIn>,
@@ -118,6 +64,7 @@ fn setup(n_clouds: usize) -> Setup {
         plain: plain_port,
         tls: Some(tls_port),
         admin: format!("127.0.0.1:{admin_port}"),
+        ..Default::default()
     };
     let hub = HubProc::start_yaml(None, &config.admin, None, |_, cache| config.yaml(cache));
     Setup {

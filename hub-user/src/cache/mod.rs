@@ -9,6 +9,7 @@
 //!   component (User-Agent): offline, a credential is served only what the cloud already
 //!   returned to that same credential.
 //! * Offline answers (`serve`) evaluate any selector on the cached metadata.
+pub mod inspect;
 pub mod objects;
 pub mod select;
 pub mod serve;
@@ -75,9 +76,10 @@ pub fn component_name(user_agent: &str) -> String {
 pub struct CacheStatus {
     pub path: String,
     pub components: Vec<String>,
-    pub objects: u64,
-    pub tombstones: u64,
-    pub bytes: u64,
+    /// Stored objects, tombstones included.
+    pub entries: u64,
+    /// Size of the store file.
+    pub file_bytes: u64,
     pub written: u64,
     pub stale: u64,
     pub deleted: u64,
@@ -159,6 +161,12 @@ impl Cache {
     /// Waits until every teed answer so far is stored.
     pub fn flush(&self) {
         self.writer.flush();
+    }
+
+    /// Stores what is pending and closes the store cleanly (SIGTERM).
+    pub fn close(&self) {
+        self.writer.flush();
+        self.store.close();
     }
 
     pub fn caches_component(&self, component: &str) -> bool {
@@ -243,14 +251,13 @@ impl Cache {
 
     pub fn status(&self) -> CacheStatus {
         use std::sync::atomic::Ordering::Relaxed;
-        let (objects, tombstones, bytes) = self.store.counts().unwrap_or_default();
+        let (entries, file_bytes) = self.store.counts().unwrap_or_default();
         let s = &self.stats;
         CacheStatus {
             path: self.store.path.display().to_string(),
             components: self.components.clone(),
-            objects,
-            tombstones,
-            bytes,
+            entries,
+            file_bytes,
             written: s.written.load(Relaxed),
             stale: s.stale.load(Relaxed),
             deleted: s.deleted.load(Relaxed),

@@ -20,7 +20,10 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use redb::{Database, ReadOnlyDatabase, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{
+    Database, ReadOnlyDatabase, ReadableDatabase, ReadableTable, ReadableTableMetadata,
+    TableDefinition,
+};
 
 use super::{
     objects::{Encoding, Item},
@@ -276,7 +279,9 @@ enum Db {
 }
 
 pub struct Store {
-    db: Db,
+    /// None once closed: redb records a clean shutdown only when the database is dropped,
+    /// and a store that was not closed cleanly is repaired (rescanned) at the next open.
+    db: std::sync::RwLock<Option<Db>>,
     pub path: PathBuf,
 }
 
@@ -331,12 +336,14 @@ impl Store {
         }
         txn.commit().map_err(db_err)?;
         Ok(Store {
-            db: Db::ReadWrite(db),
+            db: std::sync::RwLock::new(Some(Db::ReadWrite(db))),
             path,
         })
     }
 
-    /// Opens an existing store for reading (`hub cache` while the daemon is stopped).
+    /// Opens an existing store for reading (`hub cache` while the daemon is stopped). A
+    /// store left by a hub that died (kill -9, power loss) needs redb's crash recovery
+    /// first, which only a writer can do: then it is opened for writing once.
     pub fn open_read_only(dir: &Path) -> Result<Store, StoreError> {
         let path = dir.join(FILE);
         if !path.exists() {
@@ -345,20 +352,37 @@ impl Store {
                 reason: "no such file".into(),
             });
         }
-        let db = Database::builder()
+        let db = match Database::builder()
             .set_cache_size(PAGE_CACHE_BYTES)
             .open_read_only(&path)
-            .map_err(|e| open_error(&path, e))?;
+        {
+            Ok(db) => Db::ReadOnly(db),
+            Err(redb::DatabaseError::RepairAborted) => Db::ReadWrite(
+                Database::builder()
+                    .set_cache_size(PAGE_CACHE_BYTES)
+                    .open(&path)
+                    .map_err(|e| open_error(&path, e))?,
+            ),
+            Err(e) => return Err(open_error(&path, e)),
+        };
         Ok(Store {
-            db: Db::ReadOnly(db),
+            db: std::sync::RwLock::new(Some(db)),
             path,
         })
     }
 
+    /// Closes the database cleanly (the next open needs no recovery); later reads and
+    /// writes fail with an error.
+    pub fn close(&self) {
+        let db = self.db.write().unwrap_or_else(|p| p.into_inner()).take();
+        drop(db);
+    }
+
     fn read(&self) -> Result<redb::ReadTransaction, StoreError> {
-        match &self.db {
-            Db::ReadWrite(d) => d.begin_read(),
-            Db::ReadOnly(d) => d.begin_read(),
+        match self.db.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            Some(Db::ReadWrite(d)) => d.begin_read(),
+            Some(Db::ReadOnly(d)) => d.begin_read(),
+            None => return Err(StoreError::Db("store closed".into())),
         }
         .map_err(db_err)
     }
@@ -421,8 +445,9 @@ impl Store {
 
     /// Applies a batch of writes in one transaction, durably (fsync before returning).
     pub fn apply(&self, writes: Vec<Write>) -> Result<Applied, StoreError> {
-        let Db::ReadWrite(db) = &self.db else {
-            return Err(StoreError::Db("store opened read-only".into()));
+        let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
+        let Some(Db::ReadWrite(db)) = guard.as_ref() else {
+            return Err(StoreError::Db("store closed or opened read-only".into()));
         };
         let mut applied = Applied::default();
         let txn = db.begin_write().map_err(db_err)?;
@@ -512,18 +537,17 @@ impl Store {
         Ok(applied)
     }
 
-    /// Counts (objects, tombstones, bytes of object bodies) — for status and `hub cache`.
-    pub fn counts(&self) -> Result<(u64, u64, u64), StoreError> {
-        let mut c = (0, 0, 0);
-        for (_, rec) in self.scan(&[])? {
-            if rec.deleted {
-                c.1 += 1;
-            } else {
-                c.0 += 1;
-                c.2 += rec.item.body.len() as u64;
-            }
-        }
-        Ok(c)
+    /// Stored entries (objects and tombstones) and the file's size: cheap enough for
+    /// every status call.
+    pub fn counts(&self) -> Result<(u64, u64), StoreError> {
+        let txn = self.read()?;
+        let entries = txn
+            .open_table(OBJECTS)
+            .map_err(db_err)?
+            .len()
+            .map_err(db_err)?;
+        let bytes = std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        Ok((entries, bytes))
     }
 }
 

@@ -336,11 +336,18 @@ impl Proxy {
             why.insert(0, "cloud: unhealthy".into());
         }
         let last = route::plan(inputs).last().copied().unwrap_or(Route::Cloud);
+        // Only the cloud can answer writes, exec, logs: say plainly that the node is
+        // offline rather than pretend (YurtHub answered offline creates with a fake 201).
+        let offline = if inputs.cloud_only {
+            " (the node is offline from the cloud: only the cloud can answer this; retry when it is back)"
+        } else {
+            ""
+        };
         let resp = status(
             StatusCode::SERVICE_UNAVAILABLE,
             "ServiceUnavailable",
             &format!(
-                "hub: cannot serve {} {}: {}",
+                "hub: cannot serve {} {}{offline}: {}",
                 info.verb,
                 uri_path(&info),
                 why.join("; ")

@@ -1,0 +1,611 @@
+//! Issue 6: the local cache. The hub forwards to the API stand-in while it is up and tees
+//! what the cloud returns into its store; with the stand-in stopped, real clients (kubectl,
+//! the Python client, a kubelet-style protobuf client) are answered from the cache —
+//! across hub restarts and kill -9, per credential, with any selector.
+use std::{
+    collections::BTreeSet,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use hub_tests::{
+    TempDir,
+    apiserver::{
+        ADMIN_TOKEN, Credentials, Options, StandIn,
+        client::Client,
+        resources, seed,
+        store::Key,
+        tls::{HubPki, TestCa},
+        write_kubeconfig,
+    },
+    hub::{HubProc, LOOPBACK_NODE, LoopbackHub},
+    hub_bin,
+    ports::free_port,
+    privileged, wait_for,
+};
+use serde_json::Value;
+
+/// A second credential the cloud allows everything, which never reads the secret online.
+const OTHER_TOKEN: &str = "other-admin-token";
+const PROTOBUF: &str = "application/vnd.kubernetes.protobuf, application/json";
+
+struct Setup {
+    cloud: StandIn,
+    pki: HubPki,
+    ca: Arc<TestCa>,
+    tls: u16,
+    admin: String,
+    components: String,
+    /// Survives hub restarts: the cache lives here.
+    state: PathBuf,
+    dir: TempDir,
+}
+
+impl Setup {
+    fn new(components: &[&str]) -> Setup {
+        let ca = Arc::new(TestCa::new("cloud-ca"));
+        let cloud = StandIn::start_with_ca(
+            "127.0.0.1:0".parse().unwrap(),
+            Options::default(),
+            ca.clone(),
+        )
+        .unwrap();
+        {
+            let mut auth = cloud.state.auth.write().unwrap();
+            auth.add_test_identities();
+            auth.add_token(OTHER_TOKEN, "other-admin", &["system:masters"]);
+        }
+        let dir = TempDir::new("cache");
+        let pki = ca.write_hub_pki(dir.path(), LOOPBACK_NODE, &[]).unwrap();
+        let state = dir.path().join("state");
+        Setup {
+            cloud,
+            pki,
+            ca,
+            tls: free_port(),
+            admin: format!("127.0.0.1:{}", free_port()),
+            components: components.join(", "),
+            state,
+            dir,
+        }
+    }
+
+    fn start_hub(&self) -> HubProc {
+        let config = LoopbackHub {
+            servers: vec![self.cloud.url()],
+            ca: Some(&self.pki.ca),
+            node: Some(&self.pki.node),
+            serving: Some((&self.pki.serving.0, &self.pki.serving.1)),
+            client_ca: Some(&self.pki.ca),
+            plain: free_port(),
+            tls: Some(self.tls),
+            admin: self.admin.clone(),
+            extra: format!("  components: [{}]\n", self.components),
+        };
+        HubProc::start_yaml(None, &self.admin, None, |_, _| config.yaml(&self.state))
+    }
+
+    fn hub_addr(&self) -> SocketAddr {
+        format!("127.0.0.1:{}", self.tls).parse().unwrap()
+    }
+
+    fn kubeconfig(&self, name: &str, token: &str) -> PathBuf {
+        let p = self.dir.path().join(name);
+        write_kubeconfig(
+            &p,
+            &format!("https://127.0.0.1:{}", self.tls),
+            &self.ca.cert_pem(),
+            Credentials::Token(token),
+        )
+        .unwrap();
+        p
+    }
+
+    /// A kubelet-style client: the node's client certificate, kubelet's User-Agent.
+    fn kubelet(&self) -> Client {
+        Client::new(
+            self.hub_addr(),
+            self.ca.cert_der(),
+            None,
+            Some(&self.pki.kubelet),
+        )
+    }
+
+    /// `hub cache ls` through the real CLI (admin port while the hub runs, the file when
+    /// it does not).
+    fn cache_ls(&self, component: &str) -> Vec<Value> {
+        let out = Command::new(hub_bin())
+            .args(["cache", "ls", "--output", "json", "--component", component])
+            .arg("--dir")
+            .arg(&self.state)
+            .args(["--admin", &self.admin])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "hub cache ls: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn wait_cached(&self, component: &str, what: &str, check: impl Fn(&[Value]) -> bool) {
+        wait_for(what, Duration::from_secs(20), || {
+            check(&self.cache_ls(component)).then_some(())
+        });
+    }
+
+    fn cloud_down(&self, hub: &HubProc) {
+        self.cloud.stop_listening();
+        wait_for(
+            "the hub to see the cloud down",
+            Duration::from_secs(5),
+            || (hub.status()["cloud"][0]["healthy"] == false).then_some(()),
+        );
+    }
+}
+
+fn kubectl(kc: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new("kubectl")
+        .args(args)
+        .env("KUBECONFIG", kc)
+        .stdin(Stdio::null())
+        .output()
+        .expect("kubectl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn kubectl_ok(kc: &Path, args: &[&str]) -> String {
+    let (ok, out, err) = kubectl(kc, args);
+    assert!(ok, "kubectl {}: {err}", args.join(" "));
+    out
+}
+
+fn names(list_json: &str) -> BTreeSet<String> {
+    let v: Value = serde_json::from_str(list_json).expect("list JSON");
+    v["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| {
+            format!(
+                "{}/{}",
+                i["metadata"]["namespace"].as_str().unwrap_or(""),
+                i["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+fn seed_namespaces(cloud: &StandIn) {
+    let store = &cloud.state.store;
+    seed::base(store);
+    seed::cluster(store, 2, 3);
+    for ns in ["ns1", "ns10"] {
+        seed::namespace(store, ns);
+    }
+    for (i, app) in ["web", "web", "db", "db"].iter().enumerate() {
+        seed::pod(store, "ns1", &format!("a-{i}"), "node-0", app);
+    }
+    for i in 0..3 {
+        seed::pod(store, "ns10", &format!("b-{i}"), "node-1", "web");
+    }
+    seed::secret(store, "ns1", "s1", serde_json::json!({"k": "c2VjcmV0"}));
+}
+
+fn python(kubeconfig: &Path, script: &str) -> Value {
+    let out = Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .arg(kubeconfig)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "python: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("python output JSON")
+}
+
+#[test]
+fn real_clients_are_served_from_the_cache_while_the_cloud_is_down() {
+    let s = Setup::new(&["kubectl", "openapi-generator", "kubelet"]);
+    seed_namespaces(&s.cloud);
+    let hub = s.start_hub();
+    let kc = s.kubeconfig("admin.kubeconfig", ADMIN_TOKEN);
+    let other = s.kubeconfig("other.kubeconfig", OTHER_TOKEN);
+
+    // Online: lists, a secret read by one credential, discovery, a Python list.
+    let all_online = names(&kubectl_ok(&kc, &["get", "pods", "-A", "-o", "json"]));
+    assert_eq!(all_online.len(), 13, "{all_online:?}");
+    let ns1_online = names(&kubectl_ok(
+        &kc,
+        &["get", "pods", "-n", "ns1", "-o", "json"],
+    ));
+    let ns10_online = names(&kubectl_ok(
+        &kc,
+        &["get", "pods", "-n", "ns10", "-o", "json"],
+    ));
+    assert_eq!((ns1_online.len(), ns10_online.len()), (4, 3));
+    kubectl_ok(&kc, &["get", "secret", "s1", "-n", "ns1", "-o", "json"]);
+    kubectl_ok(&kc, &["api-resources"]);
+    let py_list = r#"
+import json, sys
+from kubernetes import client, config
+config.load_kube_config(sys.argv[1])
+v1 = client.CoreV1Api()
+print(json.dumps({"default": len(v1.list_namespaced_pod("default").items)}))
+"#;
+    assert_eq!(python(&kc, py_list)["default"], 6);
+    s.wait_cached("kubectl", "kubectl's lists and the secret", |e| {
+        e.iter().any(|e| e["key"] == "/v1/secrets/ns1/s1")
+            && e.iter().filter(|e| e["kind"] == "Pod").count() >= 13
+    });
+
+    s.cloud_down(&hub);
+
+    // The same lists, from the cache.
+    assert_eq!(
+        names(&kubectl_ok(&kc, &["get", "pods", "-A", "-o", "json"])),
+        all_online
+    );
+    assert_eq!(
+        names(&kubectl_ok(
+            &kc,
+            &["get", "pods", "-n", "ns1", "-o", "json"]
+        )),
+        ns1_online,
+        "ns1 is answered without ns10's pods"
+    );
+    assert_eq!(
+        names(&kubectl_ok(
+            &kc,
+            &["get", "pods", "-n", "ns10", "-o", "json"]
+        )),
+        ns10_online
+    );
+    // A selector never used online (OpenYurt #1963).
+    assert_eq!(
+        names(&kubectl_ok(
+            &kc,
+            &["get", "pods", "-n", "ns1", "-l", "app=web", "-o", "json"]
+        )),
+        ["ns1/a-0", "ns1/a-1"].map(String::from).into()
+    );
+    // kubectl's default (Table) output and discovery work offline too.
+    let table = kubectl_ok(&kc, &["get", "pods", "-n", "ns10"]);
+    assert!(table.contains("b-2"), "{table}");
+    let resources = kubectl_ok(&kc, &["api-resources"]);
+    assert!(
+        resources.contains("pods") && resources.contains("configmaps"),
+        "{resources}"
+    );
+
+    // The Python client (its own component) with other selectors, answered from what the
+    // same credential cached.
+    let py_offline = r#"
+import json, sys
+from kubernetes import client, config
+config.load_kube_config(sys.argv[1])
+v1 = client.CoreV1Api()
+out = {}
+out["node1"] = sorted(p.metadata.name for p in v1.list_pod_for_all_namespaces(field_selector="spec.nodeName=node-1").items)
+out["not_web"] = sorted(p.metadata.name for p in v1.list_namespaced_pod("ns1", label_selector="app notin (web)").items)
+page = v1.list_pod_for_all_namespaces(limit=5)
+seen = [p.metadata.name for p in page.items]
+while page.metadata._continue:
+    page = v1.list_pod_for_all_namespaces(limit=5, _continue=page.metadata._continue)
+    seen += [p.metadata.name for p in page.items]
+out["paged"] = len(seen)
+out["paged_unique"] = len(set(seen))
+print(json.dumps(out))
+"#;
+    let r = python(&kc, py_offline);
+    assert_eq!(
+        r["node1"],
+        serde_json::json!(["b-0", "b-1", "b-2", "pod-1-0", "pod-1-1", "pod-1-2"]),
+        "{r}"
+    );
+    assert_eq!(r["not_web"], serde_json::json!(["a-2", "a-3"]), "{r}");
+    assert_eq!(
+        (r["paged"].as_u64(), r["paged_unique"].as_u64()),
+        (Some(13), Some(13))
+    );
+
+    // A credential is served only what the cloud returned to it.
+    kubectl_ok(&kc, &["get", "secret", "s1", "-n", "ns1", "-o", "json"]);
+    let (ok, _, err) = kubectl(&other, &["get", "secret", "s1", "-n", "ns1", "-o", "json"]);
+    assert!(
+        !ok,
+        "a token that never read the secret must not get it offline"
+    );
+    assert!(err.contains("not in the local cache"), "{err}");
+    let (ok, _, err) = kubectl(&other, &["get", "pods", "-A", "-o", "json"]);
+    assert!(!ok && err.contains("no list of /v1/pods"), "{err}");
+
+    // A write is refused with a clear error, never a fake success.
+    let (ok, _, err) = kubectl(&kc, &["create", "configmap", "offline-cm", "-n", "default"]);
+    assert!(!ok, "an offline create must not succeed");
+    assert!(err.contains("offline"), "{err}");
+
+    // An offline watch stays open with bookmarks, and ends once the cloud is back.
+    let c = Client::new(s.hub_addr(), s.ca.cert_der(), Some(ADMIN_TOKEN), None);
+    let mut w = c.stream(
+        "/api/v1/namespaces/ns1/pods?watch=true&allowWatchBookmarks=true&resourceVersion=1",
+    );
+    assert_eq!(w.status, 200);
+    let bookmark = wait_for("an offline bookmark", Duration::from_secs(15), || {
+        w.next_event(Duration::from_secs(1))
+            .filter(|e| e["type"] == "BOOKMARK")
+    });
+    assert!(bookmark["object"]["metadata"]["resourceVersion"].is_string());
+    s.cloud.start_listening().unwrap();
+    let started = Instant::now();
+    while w.next_event(Duration::from_secs(10)).is_some() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "watch not ended"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // Back online: the cloud answers again, and the refused write never happened.
+    wait_for("the cloud to be healthy", Duration::from_secs(5), || {
+        (hub.status()["cloud"][0]["healthy"] == true).then_some(())
+    });
+    let (ok, _, _) = kubectl(&kc, &["get", "configmap", "offline-cm", "-n", "default"]);
+    assert!(
+        !ok,
+        "the refused offline create must not exist in the cloud"
+    );
+}
+
+/// Reads a protobuf PodList answer into its pod names (with k8s-pb, independently of the
+/// hub's own reader).
+fn protobuf_pod_names(body: &[u8]) -> BTreeSet<String> {
+    use k8s_pb::{api::core::v1::PodList, apimachinery::pkg::runtime::Unknown};
+    use prost::Message;
+    let u = Unknown::decode(body.strip_prefix(b"k8s\0").expect("protobuf magic")).unwrap();
+    assert_eq!(u.type_meta.unwrap().kind.as_deref(), Some("PodList"));
+    PodList::decode(u.raw.unwrap().as_slice())
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|p| p.metadata.unwrap().name.unwrap())
+        .collect()
+}
+
+fn kubelet_get(c: &Client, path: &str) -> hub_tests::apiserver::client::Reply {
+    c.request(
+        "GET",
+        path,
+        &[
+            ("User-Agent", "kubelet/v1.32.0 (linux/amd64)"),
+            ("Accept", PROTOBUF),
+        ],
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+#[test]
+fn an_offline_restart_answers_kubelet_from_the_cache() {
+    let s = Setup::new(&["kubelet"]);
+    seed_namespaces(&s.cloud);
+    let pods = "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-0";
+    let hub = s.start_hub();
+    let kubelet = s.kubelet();
+    let online = kubelet_get(&kubelet, pods);
+    assert_eq!(online.status, 200);
+    let online_names = protobuf_pod_names(&online.body);
+    assert_eq!(online_names.len(), 7, "{online_names:?}");
+    assert_eq!(kubelet_get(&kubelet, "/api/v1/nodes/node-0").status, 200);
+    assert_eq!(kubelet_get(&kubelet, "/version").status, 200);
+    s.wait_cached("kubelet", "kubelet's pods and node", |e| {
+        e.iter().filter(|e| e["kind"] == "Pod").count() == 7
+            && e.iter()
+                .any(|e| e["key"] == "/v1/nodes/node-0" && e["encoding"] == "protobuf")
+    });
+
+    // Power cut while the cloud is down: the hub comes back and answers at once.
+    s.cloud.stop_listening();
+    drop(hub);
+    let started = Instant::now();
+    let _hub = s.start_hub();
+    let offline = kubelet_get(&kubelet, pods);
+    eprintln!(
+        "offline restart: first cached answer {:?} after start",
+        started.elapsed()
+    );
+    assert_eq!(
+        offline.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&offline.body)
+    );
+    assert!(
+        offline
+            .header("warning")
+            .is_some_and(|w| w.contains("local cache"))
+    );
+    assert_eq!(protobuf_pod_names(&offline.body), online_names);
+    let node = kubelet_get(&kubelet, "/api/v1/nodes/node-0");
+    assert_eq!(node.status, 200);
+    assert!(node.body.starts_with(b"k8s\0"), "protobuf as asked");
+    let version = kubelet_get(&kubelet, "/version");
+    assert_eq!(version.status, 200);
+    assert!(version.json()["gitVersion"].is_string());
+    // A pod of another node was never returned to kubelet: not found would be a guess.
+    let other = kubelet_get(&kubelet, "/api/v1/namespaces/ns10/pods/b-0");
+    assert_eq!(
+        other.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&other.body)
+    );
+}
+
+/// Replaces every pod in namespace `gen` by `count` pods named `<prefix>-N`.
+fn flip_generation(cloud: &StandIn, prefix: &str, count: usize) {
+    let store = &cloud.state.store;
+    let pods = resources::find("", "v1", "pods").unwrap();
+    let page = store
+        .list(pods, Some("gen"), None, None, 0, |_| true)
+        .unwrap();
+    for item in page.items {
+        let name = item["metadata"]["name"].as_str().unwrap().to_string();
+        store
+            .delete(
+                Key {
+                    resource: pods,
+                    namespace: "gen".into(),
+                    name,
+                },
+                None,
+            )
+            .unwrap();
+    }
+    for i in 0..count {
+        seed::pod(store, "gen", &format!("{prefix}-{i}"), "node-0", "gen");
+    }
+    store.compact();
+}
+
+#[test]
+fn kill_9_during_a_10k_list_write_leaves_each_set_whole() {
+    const N: usize = 10_000;
+    let s = Setup::new(&["kubelet"]);
+    seed::namespace(&s.cloud.state.store, "gen");
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    let mut random = move |below: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % below
+    };
+    let mut outcomes = Vec::new();
+    for round in 0..20 {
+        let prefix = format!("g{round}");
+        flip_generation(&s.cloud, &prefix, N);
+        let mut hub = s.start_hub();
+        let addr = s.hub_addr();
+        let (ca, kubelet_id) = (s.ca.cert_der(), s.pki.kubelet.clone());
+        let lister = std::thread::spawn(move || {
+            let c = Client::new(addr, ca, None, Some(&kubelet_id));
+            let _ = c.request(
+                "GET",
+                "/api/v1/namespaces/gen/pods",
+                &[("User-Agent", "kubelet/v1.32.0"), ("Accept", PROTOBUF)],
+                &[],
+            );
+        });
+        std::thread::sleep(Duration::from_millis(random(3000)));
+        hub.proc.kill9();
+        let _ = lister.join();
+        drop(hub);
+        // The store opens (read directly: no hub runs), and the set is one generation.
+        let entries = s.cache_ls("kubelet");
+        let gens: BTreeSet<&str> = entries
+            .iter()
+            .filter_map(|e| e["key"].as_str()?.strip_prefix("/v1/pods/gen/"))
+            .map(|name| name.split('-').next().unwrap())
+            .collect();
+        assert!(gens.len() <= 1, "round {round}: mixed generations {gens:?}");
+        if let Some(g) = gens.first() {
+            assert_eq!(
+                entries.len(),
+                N,
+                "round {round}: generation {g} is not whole"
+            );
+        }
+        outcomes.push(gens.first().map(|g| *g == prefix).unwrap_or(false));
+    }
+    eprintln!("kill -9 rounds where the new list had been stored: {outcomes:?}");
+    assert!(
+        outcomes.iter().any(|new| *new),
+        "no round stored its list before the kill: the test proved nothing"
+    );
+    if outcomes.iter().all(|new| *new) {
+        eprintln!("NOTE: every round stored its list before the kill; no kill hit a write");
+    }
+}
+
+#[test]
+fn a_corrupt_store_is_set_aside_and_a_full_disk_loses_nothing_stored() {
+    if !privileged::check("a_corrupt_store_is_set_aside_and_a_full_disk_loses_nothing_stored") {
+        return;
+    }
+    let s = Setup::new(&["kubelet"]);
+    seed_namespaces(&s.cloud);
+    std::fs::create_dir_all(&s.state).unwrap();
+    std::fs::write(
+        s.state.join("cache.redb"),
+        b"this is not a redb file at all",
+    )
+    .unwrap();
+    let hub = s.start_hub();
+    let note = hub.status()["cache"]["last_error"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(note.contains("moved to"), "{note}");
+    let kubelet = s.kubelet();
+    assert_eq!(kubelet_get(&kubelet, "/api/v1/nodes/node-0").status, 200);
+    s.wait_cached("kubelet", "the node", |e| e.len() == 1);
+    drop(hub);
+
+    // A full disk: the store lives on a 2 MiB tmpfs; a 10k-pod list cannot be stored.
+    let small = s.dir.path().join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+        .arg(&small)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(small.clone());
+    let full = Setup {
+        state: small.join("state"),
+        ..Setup::new(&["kubelet"])
+    };
+    seed_namespaces(&full.cloud);
+    seed::cluster(&full.cloud.state.store, 4, 2500);
+    let hub = full.start_hub();
+    let kubelet = full.kubelet();
+    assert_eq!(kubelet_get(&kubelet, "/api/v1/nodes/node-0").status, 200);
+    full.wait_cached("kubelet", "the node on the small disk", |e| e.len() == 1);
+    let big = kubelet_get(&kubelet, "/api/v1/pods");
+    assert_eq!(
+        big.status, 200,
+        "the client is served even when the cache cannot store"
+    );
+    assert_eq!(protobuf_pod_names(&big.body).len(), 10_007);
+    let errors = wait_for("a cache write error", Duration::from_secs(20), || {
+        let c = hub.status()["cache"].clone();
+        (c["write_errors"].as_u64() > Some(0)).then_some(c)
+    });
+    eprintln!("full disk: {errors}");
+    assert_eq!(kubelet_get(&kubelet, "/api/v1/nodes/node-0").status, 200);
+    drop(hub);
+    // What was stored before stays readable; the store was not damaged.
+    let after = full.cache_ls("kubelet");
+    assert!(
+        after.iter().any(|e| e["key"] == "/v1/nodes/node-0"),
+        "{after:?}"
+    );
+}
