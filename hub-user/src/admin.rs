@@ -221,6 +221,13 @@ pub fn render(s: &StatusReport) -> String {
                 c.write_errors,
                 c.pending
             );
+            if c.offline_accepted + c.queued > 0 {
+                let _ = writeln!(
+                    out,
+                    "  offline writes: {} accepted, {} queued, {} replayed, {} not replayable",
+                    c.offline_accepted, c.queued, c.replayed, c.replay_dropped
+                );
+            }
             if let Some(e) = &c.last_error {
                 let _ = writeln!(out, "  last cache error: {e}");
             }

@@ -248,6 +248,11 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
             Ok((c, _note)) => {
                 let c = Arc::new(c);
                 state.set_cache(c.clone());
+                tokio::spawn(crate::cache::offline::replay_forever(
+                    c.clone(),
+                    cloud.clone(),
+                    stop_rx.clone(),
+                ));
                 Some(c)
             }
             Err(e) => {

@@ -265,6 +265,46 @@ pub fn meta_only_object(
     out
 }
 
+/// Appends one field as it was read.
+fn put_field(out: &mut Vec<u8>, field: u64, v: &Value<'_>) {
+    match v {
+        Value::Varint(x) => put_uint(out, field, *x),
+        Value::Fixed64(x) => {
+            put_varint(out, field << 3 | 1);
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        Value::Bytes(b) => put_bytes(out, field, b),
+        Value::Fixed32(x) => {
+            put_varint(out, field << 3 | 5);
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+}
+
+/// The object's message bytes with ObjectMeta.resourceVersion set to `rv`; every other
+/// field is kept as it was.
+pub fn with_resource_version(object: &[u8], rv: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(object.len() + 16);
+    let mut meta_seen = false;
+    for (n, v) in fields(object)? {
+        match (n, v) {
+            (1, Value::Bytes(meta)) if !meta_seen => {
+                let mut m = Vec::with_capacity(meta.len() + 16);
+                for (mn, mv) in fields(meta)? {
+                    if mn != 6 {
+                        put_field(&mut m, mn, &mv);
+                    }
+                }
+                put_bytes(&mut m, 6, rv.as_bytes());
+                put_bytes(&mut out, 1, &m);
+                meta_seen = true;
+            }
+            (n, v) => put_field(&mut out, n, &v),
+        }
+    }
+    meta_seen.then_some(out)
+}
+
 /// One length-prefixed watch frame: WatchEvent { type 1, object 2 = RawExtension { raw 1 } }
 /// around an already enveloped object.
 pub fn watch_frame(event_type: &str, enveloped_object: &[u8]) -> Vec<u8> {

@@ -609,3 +609,144 @@ fn a_corrupt_store_is_set_aside_and_a_full_disk_loses_nothing_stored() {
         "{after:?}"
     );
 }
+
+#[test]
+fn offline_node_writes_are_queued_and_replayed_in_order() {
+    let s = Setup::new(&["kubelet"]);
+    seed_namespaces(&s.cloud);
+    let cloud_admin = Client::new(s.cloud.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
+    let lease_path = format!("{leases}/node-0");
+    let created = cloud_admin.send_json(
+        "POST",
+        leases,
+        &serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "node-0", "namespace": "kube-node-lease"},
+            "spec": {"holderIdentity": "node-0", "leaseDurationSeconds": 40,
+                     "renewTime": "2026-01-01T00:00:00.000000Z"}}),
+    );
+    assert_eq!(created.status, 201);
+    let hub = s.start_hub();
+    let kubelet = s.kubelet();
+    let send = |method: &str, path: &str, content_type: &str, body: &[u8]| {
+        kubelet
+            .request(
+                method,
+                path,
+                &[
+                    ("User-Agent", "kubelet/v1.32.0 (linux/amd64)"),
+                    ("Accept", "application/json"),
+                    ("Content-Type", content_type),
+                ],
+                body,
+            )
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    };
+    let pod_path = "/api/v1/namespaces/default/pods/pod-0-0";
+    assert_eq!(send("GET", pod_path, "", b"").status, 200);
+    let mut lease = send("GET", &lease_path, "", b"").json();
+    s.wait_cached("kubelet", "the pod and the lease", |e| e.len() == 2);
+
+    s.cloud_down(&hub);
+    let status_path = format!("{pod_path}/status");
+    for message in ["offline-1", "offline-2"] {
+        let patch = format!(r#"{{"status":{{"phase":"Failed","message":"{message}"}}}}"#);
+        let r = send(
+            "PATCH",
+            &status_path,
+            "application/merge-patch+json",
+            patch.as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        assert!(r.header("warning").is_some_and(|w| w.contains("queued")));
+        assert_eq!(r.json()["status"]["message"], message);
+    }
+    // What the cache serves follows the queued writes.
+    let cached = send("GET", pod_path, "", b"").json();
+    assert_eq!(
+        (&cached["status"]["phase"], &cached["status"]["message"]),
+        (&Value::from("Failed"), &Value::from("offline-2"))
+    );
+    let event = serde_json::json!({"apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": "offline-ev", "namespace": "default"},
+        "involvedObject": {"kind": "Pod", "name": "pod-0-0", "namespace": "default"},
+        "reason": "Offline", "message": "written offline", "type": "Normal"});
+    let r = send(
+        "POST",
+        "/api/v1/namespaces/default/events",
+        "application/json",
+        &serde_json::to_vec(&event).unwrap(),
+    );
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    lease["spec"]["renewTime"] = "2026-06-01T00:00:00.000000Z".into();
+    let r = send(
+        "PUT",
+        &lease_path,
+        "application/json",
+        &serde_json::to_vec(&lease).unwrap(),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    // Meanwhile the lease changes in the cloud: the replayed renewal will conflict.
+    let lease_id = resources::find("coordination.k8s.io", "v1", "leases").unwrap();
+    s.cloud
+        .state
+        .store
+        .update(
+            Key {
+                resource: lease_id,
+                namespace: "kube-node-lease".into(),
+                name: "node-0".into(),
+            },
+            None,
+            |cur| {
+                let mut v = cur.clone();
+                v["metadata"]["labels"] = serde_json::json!({"touched": "elsewhere"});
+                v
+            },
+        )
+        .unwrap();
+    // Writes a node does not need to stay alive are refused, not faked.
+    let r = send(
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        "application/json",
+        br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"nope"}}"#,
+    );
+    assert_eq!(r.status, 503);
+    assert!(String::from_utf8_lossy(&r.body).contains("offline"));
+    assert_eq!(hub.status()["cache"]["queued"], 4);
+
+    s.cloud.start_listening().unwrap();
+    let cache = wait_for("the queue to drain", Duration::from_secs(15), || {
+        let c = hub.status()["cache"].clone();
+        (c["queued"] == 0).then_some(c)
+    });
+    assert_eq!(
+        (cache["replayed"].as_u64(), cache["replay_dropped"].as_u64()),
+        (Some(4), Some(0)),
+        "{cache}"
+    );
+    // Visible in the cloud, in order (the later patch wins); the renewal's conflict was
+    // resolved by re-reading the lease and writing it over the newer version.
+    let pod = cloud_admin.get(pod_path).json();
+    assert_eq!(
+        (&pod["status"]["phase"], &pod["status"]["message"]),
+        (&Value::from("Failed"), &Value::from("offline-2"))
+    );
+    let ev = cloud_admin.get("/api/v1/namespaces/default/events/offline-ev");
+    assert_eq!(ev.status, 200);
+    assert_eq!(ev.json()["reason"], "Offline");
+    let lease = cloud_admin.get(&lease_path).json();
+    assert_eq!(lease["spec"]["renewTime"], "2026-06-01T00:00:00.000000Z");
+    let audit = s.cloud.audit();
+    let patches: Vec<_> = audit
+        .iter()
+        .filter(|a| a.path == status_path && a.method == "PATCH")
+        .collect();
+    assert_eq!(patches.len(), 2);
+    assert!(
+        audit
+            .iter()
+            .all(|a| !a.path.ends_with("/configmaps") || a.method != "POST")
+    );
+}

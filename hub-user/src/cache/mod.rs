@@ -11,6 +11,8 @@
 //! * Offline answers (`serve`) evaluate any selector on the cached metadata.
 pub mod inspect;
 pub mod objects;
+pub mod offline;
+mod patch;
 pub mod select;
 pub mod serve;
 pub mod store;
@@ -87,6 +89,11 @@ pub struct CacheStatus {
     pub too_large: u64,
     pub write_errors: u64,
     pub pending: i64,
+    pub offline_accepted: u64,
+    /// Writes accepted offline and not yet replayed to the cloud.
+    pub queued: u64,
+    pub replayed: u64,
+    pub replay_dropped: u64,
     pub last_error: Option<String>,
 }
 
@@ -265,6 +272,10 @@ impl Cache {
             too_large: s.too_large.load(Relaxed),
             write_errors: s.write_errors.load(Relaxed),
             pending: s.pending.load(Relaxed),
+            offline_accepted: s.offline_accepted.load(Relaxed),
+            queued: self.store.queue_len().unwrap_or_default(),
+            replayed: s.replayed.load(Relaxed),
+            replay_dropped: s.replay_dropped.load(Relaxed),
             last_error: s
                 .last_error
                 .lock()

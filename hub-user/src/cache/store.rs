@@ -10,6 +10,8 @@
 //!   (its resourceVersion and whether it was unfiltered), so the cache knows which lists it
 //!   can answer truthfully.
 //! * `raw`: `path \0 content-type` → discovery and /version answers.
+//! * `outbox`: sequence number → a write accepted while the cloud was unreachable, kept
+//!   until it is replayed (see `offline`).
 //!
 //! Deletions leave a tombstone holding the deleting resourceVersion, so an older event or
 //! list that arrives later cannot bring the object back (OpenYurt #2712).
@@ -33,6 +35,7 @@ use super::{
 const OBJECTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("objects");
 const LISTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("lists");
 const RAW: TableDefinition<&[u8], &[u8]> = TableDefinition::new("raw");
+const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
 
 /// The store's file name under cache.dir.
 pub const FILE: &str = "cache.redb";
@@ -334,6 +337,7 @@ impl Store {
         for t in [OBJECTS, LISTS, RAW] {
             txn.open_table(t).map_err(db_err)?;
         }
+        txn.open_table(OUTBOX).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
         Ok(Store {
             db: std::sync::RwLock::new(Some(Db::ReadWrite(db))),
@@ -535,6 +539,86 @@ impl Store {
         }
         txn.commit().map_err(db_err)?;
         Ok(applied)
+    }
+
+    /// Queues a write for the cloud and, in the same transaction, puts the object it
+    /// produced into the cache (even over an equal resourceVersion: the write is newer).
+    /// Fails when `max` writes are already queued. Returns the queue length.
+    pub fn enqueue(
+        &self,
+        write: &[u8],
+        update: Option<(ObjectKey, Item)>,
+        max: u64,
+    ) -> Result<u64, StoreError> {
+        let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
+        let Some(Db::ReadWrite(db)) = guard.as_ref() else {
+            return Err(StoreError::Db("store closed or opened read-only".into()));
+        };
+        let txn = db.begin_write().map_err(db_err)?;
+        let len = {
+            let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
+            let len = outbox.len().map_err(db_err)?;
+            if len >= max {
+                return Err(StoreError::Db(format!(
+                    "the offline write queue is full ({max} writes)"
+                )));
+            }
+            let next = outbox
+                .last()
+                .map_err(db_err)?
+                .map_or(1, |(k, _)| k.value() + 1);
+            outbox.insert(next, write).map_err(db_err)?;
+            if let Some((key, item)) = update {
+                let rec = Record {
+                    deleted: false,
+                    stored_at: now(),
+                    item,
+                };
+                txn.open_table(OBJECTS)
+                    .map_err(db_err)?
+                    .insert(key.encode().as_slice(), rec.encode().as_slice())
+                    .map_err(db_err)?;
+            }
+            len + 1
+        };
+        txn.commit().map_err(db_err)?;
+        Ok(len)
+    }
+
+    /// The oldest queued writes, in order.
+    pub fn queued(&self, limit: usize) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        let txn = self.read()?;
+        let outbox = txn.open_table(OUTBOX).map_err(db_err)?;
+        let mut out = Vec::new();
+        for entry in outbox.iter().map_err(db_err)?.take(limit) {
+            let (k, v) = entry.map_err(db_err)?;
+            out.push((k.value(), v.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    pub fn queue_len(&self) -> Result<u64, StoreError> {
+        let txn = self.read()?;
+        let len = txn
+            .open_table(OUTBOX)
+            .map_err(db_err)?
+            .len()
+            .map_err(db_err)?;
+        Ok(len)
+    }
+
+    /// Removes a replayed (or unreplayable) write from the queue.
+    pub fn dequeue(&self, seq: u64) -> Result<(), StoreError> {
+        let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
+        let Some(Db::ReadWrite(db)) = guard.as_ref() else {
+            return Err(StoreError::Db("store closed or opened read-only".into()));
+        };
+        let txn = db.begin_write().map_err(db_err)?;
+        txn.open_table(OUTBOX)
+            .map_err(db_err)?
+            .remove(seq)
+            .map_err(db_err)?;
+        txn.commit().map_err(db_err)
     }
 
     /// Stored entries (objects and tombstones) and the file's size: cheap enough for

@@ -83,11 +83,15 @@ pub struct Stats {
     /// Batches the store refused (full disk, I/O error); the store is unchanged by them.
     pub write_errors: AtomicU64,
     pub pending: AtomicI64,
+    /// Writes accepted while the cloud was unreachable, replayed, and given up on.
+    pub offline_accepted: AtomicU64,
+    pub replayed: AtomicU64,
+    pub replay_dropped: AtomicU64,
     pub last_error: Mutex<Option<String>>,
 }
 
 impl Stats {
-    fn error(&self, e: String) {
+    pub(super) fn error(&self, e: String) {
         tracing::warn!("cache: {e}");
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
     }

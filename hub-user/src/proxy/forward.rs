@@ -79,7 +79,7 @@ pub enum ForwardError {
 }
 
 /// Reads the request body (bounded) so the request can be retried on another server.
-async fn buffered_body(body: Incoming) -> Result<Bytes, ForwardError> {
+pub async fn buffered_body(body: Incoming) -> Result<Bytes, ForwardError> {
     match http_body_util::Limited::new(body, MAX_REQUEST_BODY)
         .collect()
         .await
@@ -108,6 +108,16 @@ pub async fn forward(
 ) -> Result<Forwarded, ForwardError> {
     let (parts, body) = req.into_parts();
     let body = buffered_body(body).await?;
+    forward_parts(cloud, &parts, body, who).await
+}
+
+/// Sends a request whose body is already read.
+pub async fn forward_parts(
+    cloud: &Cloud,
+    parts: &hyper::http::request::Parts,
+    body: Bytes,
+    who: AsWho,
+) -> Result<Forwarded, ForwardError> {
     let path = parts
         .uri
         .path_and_query()

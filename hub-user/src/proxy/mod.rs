@@ -25,7 +25,7 @@ use self::{
     request::{RequestInfo, component},
 };
 use crate::{
-    cache::{self, Cache, serve::CacheRequest},
+    cache::{self, Cache, offline, serve::CacheRequest},
     intercept::OriginLookup,
     metrics::{LatencyLabels, RequestLabels},
     route::{self, Route},
@@ -248,6 +248,14 @@ impl Proxy {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
+        if let Some(cache) = &self.cache
+            && who == AsWho::Node
+            && offline::replayable(&info)
+        {
+            return self
+                .write_or_queue(cache, req, &info, component, &component_name, started)
+                .await;
+        }
         let mut req = Some(req);
         let mut why = Vec::new();
         for r in route::plan(inputs) {
@@ -286,14 +294,7 @@ impl Proxy {
                             };
                         }
                         Err(ForwardError::TooLarge) => {
-                            let resp = status(
-                                StatusCode::PAYLOAD_TOO_LARGE,
-                                "RequestEntityTooLarge",
-                                &format!(
-                                    "Request entity too large: limit is {}",
-                                    forward::MAX_REQUEST_BODY
-                                ),
-                            );
+                            let resp = too_large();
                             self.record(Route::Cloud, &info, component, resp.status(), started);
                             return resp;
                         }
@@ -363,6 +364,60 @@ impl Proxy {
         resp
     }
 
+    /// A node's own write (lease, status, event): to the cloud, or — when the cloud cannot
+    /// be reached — queued on the node for replay (cache::offline).
+    async fn write_or_queue(
+        &self,
+        cache: &Arc<Cache>,
+        req: Request<Incoming>,
+        info: &RequestInfo,
+        component: &'static str,
+        component_name: &str,
+        started: Instant,
+    ) -> Response<ProxyBody> {
+        let (parts, body) = req.into_parts();
+        let body = match forward::buffered_body(body).await {
+            Ok(b) => b,
+            Err(e) => {
+                let resp = match e {
+                    ForwardError::TooLarge => too_large(),
+                    e => status(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
+                };
+                self.record(Route::Cloud, info, component, resp.status(), started);
+                return resp;
+            }
+        };
+        match forward::forward_parts(&self.cloud, &parts, body.clone(), AsWho::Node).await {
+            Ok(f) => {
+                self.record(Route::Cloud, info, component, f.response.status(), started);
+                return f.response;
+            }
+            Err(e) => tracing::info!(
+                verb = info.verb,
+                path = parts.uri.path(),
+                "cloud unreachable, queueing the write on the node: {e}"
+            ),
+        }
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let resp = cache
+            .accept_offline(
+                info,
+                &parts.method,
+                path_and_query,
+                content_type,
+                component_name,
+                body,
+            )
+            .await;
+        self.record(Route::LocalCache, info, component, resp.status(), started);
+        resp
+    }
+
     fn record(
         &self,
         route: Route,
@@ -400,6 +455,17 @@ impl Proxy {
             })
         })
     }
+}
+
+fn too_large() -> Response<ProxyBody> {
+    status(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "RequestEntityTooLarge",
+        &format!(
+            "Request entity too large: limit is {}",
+            forward::MAX_REQUEST_BODY
+        ),
+    )
 }
 
 fn uri_path(info: &RequestInfo) -> String {

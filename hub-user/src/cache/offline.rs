@@ -1,0 +1,433 @@
+//! Writes while the cloud is unreachable (issue 6 §4). A node must keep renewing its lease,
+//! reporting node and pod status and recording events through an outage; those writes —
+//! from the node identity only, so no caller's token is ever stored — are accepted: kept
+//! durably in the store's outbox in the same transaction that applies them to the cached
+//! object, answered with the resulting object and a Warning that says they are queued, and
+//! replayed to the cloud in order once it is back. A conflict is resolved by re-reading the
+//! object and retrying once; what cannot be replayed is logged and counted. Every other
+//! write gets a 503 naming the offline state (never a fake success).
+use std::{sync::Arc, time::Duration};
+
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::{Method, Request, Response, StatusCode, header};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::watch;
+
+use super::{
+    Cache,
+    objects::{self, Encoding, Item},
+    patch::{self, PatchType},
+    store::{self, ObjectKey, StoreError},
+};
+use crate::{
+    kproto,
+    proxy::{
+        forward::{full, status},
+        request::RequestInfo,
+    },
+    upstream::{
+        Cloud,
+        cloud::{AsWho, ProxyBody},
+    },
+};
+
+/// Writes kept at most while offline; more are refused with a 503.
+pub const MAX_QUEUED: u64 = 10_000;
+const WARNING: &str = "299 - \"hub: the cloud is unreachable; this write is queued on the node and will be replayed to the cloud when it is back\"";
+/// How often the replayer looks for work.
+const REPLAY_EVERY: Duration = Duration::from_millis(300);
+/// Upper bound of a replayed answer read back (to refresh the cache).
+const MAX_ANSWER: usize = 4 * 1024 * 1024;
+
+/// The writes a node makes to keep being a node: lease renewals, node and pod status,
+/// events.
+pub fn replayable(info: &RequestInfo) -> bool {
+    let write = matches!(info.verb, "create" | "update" | "patch");
+    let named = !info.name.is_empty();
+    write
+        && match (
+            info.group.as_str(),
+            info.resource.as_str(),
+            info.subresource.as_str(),
+        ) {
+            ("coordination.k8s.io", "leases", "") => named && info.verb != "create",
+            ("", "nodes" | "pods", "status") => named && info.verb != "create",
+            ("", "events", "") | ("events.k8s.io", "events", "") => named || info.verb == "create",
+            _ => false,
+        }
+}
+
+/// One queued write, as stored in the outbox.
+#[derive(Debug, Serialize, Deserialize)]
+struct Queued {
+    method: String,
+    path_and_query: String,
+    content_type: String,
+    component: String,
+    body: String,
+}
+
+/// The node's freshest cached copy of an object (any component).
+fn cached(cache: &Cache, info: &RequestInfo) -> Result<Option<Item>, StoreError> {
+    let p = store::prefix("node", &info.gvr(), Some(&info.namespace), Some(&info.name));
+    Ok(cache
+        .store
+        .scan(&p)?
+        .into_iter()
+        .filter(|(_, r)| !r.deleted)
+        .max_by_key(|(_, r)| r.item.rv)
+        .map(|(_, r)| r.item))
+}
+
+fn encoded(item: &Item) -> Vec<u8> {
+    match item.encoding {
+        Encoding::Json => item.body.clone(),
+        Encoding::Protobuf => kproto::envelope(&item.api_version, &item.kind, &item.body),
+    }
+}
+
+/// Why a write cannot be accepted offline.
+enum Refused {
+    BadRequest(String),
+    Unavailable(String),
+}
+
+impl Refused {
+    fn response(self) -> Response<ProxyBody> {
+        match self {
+            Refused::BadRequest(m) => status(StatusCode::BAD_REQUEST, "BadRequest", &m),
+            Refused::Unavailable(m) => unavailable(&m),
+        }
+    }
+}
+
+/// What the write produces: (answer code, the object to answer and cache, whether the
+/// object is new state to store).
+fn result_of(
+    cache: &Cache,
+    info: &RequestInfo,
+    content_type: &str,
+    body: &[u8],
+) -> Result<(StatusCode, Item, bool), Refused> {
+    let bad = Refused::BadRequest;
+    if info.verb == "patch" {
+        let kind = PatchType::of_content_type(content_type)
+            .ok_or_else(|| bad(format!("unsupported patch type {content_type:?}")))?;
+        let current = cached(cache, info)
+            .map_err(|e| Refused::Unavailable(e.to_string()))?
+            .ok_or_else(|| {
+                Refused::Unavailable(format!(
+                    "{} {}/{} is not in the local cache, so a patch cannot be answered offline",
+                    info.resource, info.namespace, info.name
+                ))
+            })?;
+        // The node's view follows a JSON object; a protobuf-only copy (or an RFC 6902
+        // patch) is answered as it is and catches up when the cloud answers the replay.
+        if current.encoding != Encoding::Json || kind == PatchType::Json {
+            return Ok((StatusCode::OK, current, false));
+        }
+        let mut obj: Value = serde_json::from_slice(&current.body)
+            .map_err(|e| bad(format!("cached object: {e}")))?;
+        let p: Value = serde_json::from_slice(body).map_err(|e| bad(format!("patch body: {e}")))?;
+        patch::apply(&mut obj, &p, kind);
+        let item = objects::from_json(&info.resource, obj, "", "")
+            .map_err(|e| bad(format!("patched object: {e}")))?;
+        return Ok((StatusCode::OK, item, true));
+    }
+    let enc = Encoding::of_content_type(content_type)
+        .ok_or_else(|| bad(format!("unsupported content type {content_type:?}")))?;
+    let item = objects::parse_object(&info.resource, enc, body)
+        .map_err(|e| bad(format!("request body: {e}")))?;
+    if !info.name.is_empty() && item.name != info.name {
+        return Err(bad(format!(
+            "the name in the body ({:?}) does not match the URL ({:?})",
+            item.name, info.name
+        )));
+    }
+    let code = if info.verb == "create" {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((code, item, true))
+}
+
+fn unavailable(why: &str) -> Response<ProxyBody> {
+    status(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "ServiceUnavailable",
+        &format!("hub: the node is offline from the cloud: {why}"),
+    )
+}
+
+impl Cache {
+    /// Accepts a replayable write while the cloud is unreachable: queued durably, applied
+    /// to the cache, answered with the object and a Warning.
+    pub async fn accept_offline(
+        self: &Arc<Self>,
+        info: &RequestInfo,
+        method: &Method,
+        path_and_query: &str,
+        content_type: &str,
+        component: &str,
+        body: Bytes,
+    ) -> Response<ProxyBody> {
+        let (me, info) = (self.clone(), info.clone());
+        let queued = Queued {
+            method: method.to_string(),
+            path_and_query: path_and_query.to_string(),
+            content_type: content_type.to_string(),
+            component: component.to_string(),
+            body: base64::engine::general_purpose::STANDARD.encode(&body),
+        };
+        let (content_type, component) = (content_type.to_string(), component.to_string());
+        let answer = tokio::task::spawn_blocking(move || {
+            let (code, item, store_it) = match result_of(&me, &info, &content_type, &body) {
+                Ok(r) => r,
+                Err(refused) => return refused.response(),
+            };
+            let update = store_it.then(|| {
+                (
+                    ObjectKey {
+                        credential: "node".into(),
+                        gvr: info.gvr(),
+                        namespace: item.namespace.clone(),
+                        name: item.name.clone(),
+                        component,
+                    },
+                    item.clone(),
+                )
+            });
+            let raw = serde_json::to_vec(&queued).unwrap_or_default();
+            if let Err(e) = me.store.enqueue(&raw, update, MAX_QUEUED) {
+                return unavailable(&format!("this write cannot be queued: {e}"));
+            }
+            me.stats
+                .offline_accepted
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Response::builder()
+                .status(code)
+                .header(header::CONTENT_TYPE, item.encoding.content_type())
+                .header("warning", WARNING)
+                .body(full(encoded(&item)))
+                .expect("valid response parts")
+        })
+        .await;
+        answer.unwrap_or_else(|e| unavailable(&format!("queueing failed: {e}")))
+    }
+}
+
+/// What happened to one replayed write.
+enum Replay {
+    Done,
+    /// Not accepted by the cloud for a reason retrying will not change.
+    Dropped(String),
+    /// The cloud is not answering (yet): keep it and the writes after it.
+    Later,
+}
+
+async fn send(
+    cloud: &Cloud,
+    q: &Queued,
+    body: Bytes,
+    method: &Method,
+) -> Option<(StatusCode, Bytes)> {
+    let ua = format!("{}/offline-replay (hub)", q.component);
+    let (resp, _) = cloud
+        .send(AsWho::Node, |base| {
+            Request::builder()
+                .method(method.clone())
+                .uri(format!("{base}{}", q.path_and_query))
+                .header(header::CONTENT_TYPE, &q.content_type)
+                .header(header::ACCEPT, "application/json")
+                .header(header::USER_AGENT, &ua)
+                .body(full(body.clone()))
+                .ok()
+        })
+        .await
+        .ok()?;
+    let code = resp.status();
+    let answer = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
+        .collect()
+        .await
+        .ok()?
+        .to_bytes();
+    Some((code, answer))
+}
+
+/// The body with `metadata.resourceVersion` set to `rv` (JSON or enveloped protobuf).
+fn with_rv(content_type: &str, body: &[u8], rv: &str) -> Option<Vec<u8>> {
+    match Encoding::of_content_type(content_type)? {
+        Encoding::Json => {
+            let mut v: Value = serde_json::from_slice(body).ok()?;
+            v["metadata"]["resourceVersion"] = rv.into();
+            serde_json::to_vec(&v).ok()
+        }
+        Encoding::Protobuf => {
+            let u = kproto::unwrap(body)?;
+            let raw = kproto::with_resource_version(u.raw, rv)?;
+            Some(kproto::envelope(&u.api_version, &u.kind, &raw))
+        }
+    }
+}
+
+fn message(answer: &[u8]) -> String {
+    serde_json::from_slice::<Value>(answer)
+        .ok()
+        .and_then(|v| v["message"].as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+async fn replay(cloud: &Cloud, q: &Queued) -> Replay {
+    let Ok(body) = base64::engine::general_purpose::STANDARD.decode(&q.body) else {
+        return Replay::Dropped("unreadable queued body".into());
+    };
+    let Ok(method) = q.method.parse::<Method>() else {
+        return Replay::Dropped(format!("bad method {}", q.method));
+    };
+    let Some((code, answer)) = send(cloud, q, body.clone().into(), &method).await else {
+        return Replay::Later;
+    };
+    if code.is_success() {
+        return Replay::Done;
+    }
+    if code == StatusCode::CONFLICT && method == Method::PUT {
+        // Someone else wrote the object meanwhile: take its current resourceVersion and
+        // write ours over it once.
+        let path = q.path_and_query.split('?').next().unwrap_or_default();
+        let get = Queued {
+            method: "GET".into(),
+            path_and_query: path.to_string(),
+            content_type: "application/json".into(),
+            component: q.component.clone(),
+            body: String::new(),
+        };
+        let Some((StatusCode::OK, current)) = send(cloud, &get, Bytes::new(), &Method::GET).await
+        else {
+            return Replay::Later;
+        };
+        let rv = serde_json::from_slice::<Value>(&current)
+            .ok()
+            .and_then(|v| v["metadata"]["resourceVersion"].as_str().map(String::from));
+        let Some(retry) = rv.and_then(|rv| with_rv(&q.content_type, &body, &rv)) else {
+            return Replay::Dropped("conflict, and the current object could not be read".into());
+        };
+        return match send(cloud, q, retry.into(), &method).await {
+            Some((c, _)) if c.is_success() => Replay::Done,
+            Some((c, a)) => Replay::Dropped(format!(
+                "conflict retried, cloud answered {c}: {}",
+                message(&a)
+            )),
+            None => Replay::Later,
+        };
+    }
+    if code.is_server_error() || code == StatusCode::TOO_MANY_REQUESTS {
+        return Replay::Later;
+    }
+    Replay::Dropped(format!("cloud answered {code}: {}", message(&answer)))
+}
+
+/// Replays queued writes in order whenever the cloud is healthy, until `stop`.
+pub async fn replay_forever(cache: Arc<Cache>, cloud: Arc<Cloud>, mut stop: watch::Receiver<bool>) {
+    use std::sync::atomic::Ordering::Relaxed;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(REPLAY_EVERY) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        if !cloud.healthy() {
+            continue;
+        }
+        let store = cache.store.clone();
+        let Ok(Ok(batch)) = tokio::task::spawn_blocking(move || store.queued(64)).await else {
+            continue;
+        };
+        for (seq, raw) in batch {
+            let outcome = match serde_json::from_slice::<Queued>(&raw) {
+                Ok(q) => {
+                    let r = replay(&cloud, &q).await;
+                    if let Replay::Dropped(why) = &r {
+                        cache.stats.error(format!(
+                            "offline write {} {} not replayed: {why}",
+                            q.method, q.path_and_query
+                        ));
+                    }
+                    r
+                }
+                Err(e) => Replay::Dropped(format!("unreadable queued write: {e}")),
+            };
+            match outcome {
+                Replay::Later => break,
+                Replay::Done => cache.stats.replayed.fetch_add(1, Relaxed),
+                Replay::Dropped(_) => cache.stats.replay_dropped.fetch_add(1, Relaxed),
+            };
+            let store = cache.store.clone();
+            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.dequeue(seq)).await {
+                cache.stats.error(format!("outbox: {e}"));
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hyper::Method;
+
+    use super::*;
+
+    fn info(method: Method, path: &str) -> RequestInfo {
+        RequestInfo::parse(&method, path, "")
+    }
+
+    #[test]
+    fn only_a_node_s_own_writes_are_replayable() {
+        for (m, p) in [
+            (
+                Method::PUT,
+                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1",
+            ),
+            (Method::PATCH, "/api/v1/nodes/n1/status"),
+            (Method::PATCH, "/api/v1/namespaces/d/pods/p/status"),
+            (Method::POST, "/api/v1/namespaces/d/events"),
+            (Method::PATCH, "/api/v1/namespaces/d/events/e1"),
+            (Method::POST, "/apis/events.k8s.io/v1/namespaces/d/events"),
+        ] {
+            assert!(replayable(&info(m.clone(), p)), "{m} {p}");
+        }
+        for (m, p) in [
+            (Method::POST, "/api/v1/namespaces/d/configmaps"),
+            (Method::PATCH, "/api/v1/namespaces/d/pods/p"),
+            (Method::DELETE, "/api/v1/namespaces/d/pods/p"),
+            (Method::POST, "/api/v1/namespaces/d/pods/p/eviction"),
+            (Method::GET, "/api/v1/nodes/n1/status"),
+        ] {
+            assert!(!replayable(&info(m.clone(), p)), "{m} {p}");
+        }
+    }
+
+    #[test]
+    fn conflicts_retry_with_the_current_resource_version() {
+        let b = with_rv(
+            "application/json",
+            br#"{"metadata":{"name":"l","resourceVersion":"5"}}"#,
+            "9",
+        )
+        .unwrap();
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["metadata"]["resourceVersion"], "9");
+        let obj = kproto::meta_only_object("l", "ns", "5", &[]);
+        let env = kproto::envelope("coordination.k8s.io/v1", "Lease", &obj);
+        let b = with_rv("application/vnd.kubernetes.protobuf", &env, "12").unwrap();
+        let u = kproto::unwrap(&b).unwrap();
+        let meta = kproto::object_meta(u.raw).unwrap();
+        assert_eq!(
+            (meta.name.as_str(), meta.resource_version.as_str()),
+            ("l", "12")
+        );
+        assert_eq!(u.kind, "Lease");
+    }
+}
