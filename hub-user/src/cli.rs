@@ -274,6 +274,13 @@ fn with_runtime(f: impl Future<Output = Result<String, String>>) -> ExitCode {
 }
 
 fn run(args: RunArgs) -> ExitCode {
+    // glibc gives every thread that allocates its own arena and keeps their memory:
+    // cache reads on blocking threads then grew RSS by tens of MiB. Two arenas suffice
+    // for a one-worker runtime plus the cache writer.
+    // SAFETY: mallopt only tunes the allocator; called before other threads start.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
     let mut config = match Config::load(&args.config) {
         Ok(c) => c,
         Err(e) => {

@@ -7,6 +7,9 @@
 //! coordinator healthy -> coordinator; on error fall through
 //! otherwise -> local cache
 //! ```
+//! Just after start, before any probe has reported, the cloud's health is unknown: reads
+//! the local cache can answer are answered from it first, so an offline restart answers
+//! at once instead of waiting for a frozen cloud to time out.
 //! Requests only the cloud can answer truthfully (exec, attach, port-forward, logs, most
 //! writes) always go to the cloud and fail with a clear Status when it is unreachable.
 use serde::{Deserialize, Serialize};
@@ -33,6 +36,8 @@ impl Route {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Inputs {
     pub cloud_healthy: bool,
+    /// No probe or request has reported on the cloud yet (the hub just started).
+    pub cloud_unknown: bool,
     pub coordinator_healthy: bool,
     /// This hub is the pool leader (it serves pool-scope resources from the cloud).
     pub leader: bool,
@@ -47,6 +52,9 @@ pub fn plan(i: Inputs) -> Vec<Route> {
     use Route::*;
     if i.cloud_only {
         return vec![Cloud];
+    }
+    if i.cloud_unknown {
+        return vec![LocalCache, Cloud];
     }
     if i.cloud_healthy {
         if i.coordinator_healthy && !i.leader && i.pool_scope {
@@ -72,6 +80,7 @@ mod tests {
     fn inputs(cloud: bool, coord: bool, leader: bool, pool: bool) -> Inputs {
         Inputs {
             cloud_healthy: cloud,
+            cloud_unknown: false,
             coordinator_healthy: coord,
             leader,
             pool_scope: pool,
@@ -117,6 +126,15 @@ mod tests {
         // both down -> local cache.
         assert_eq!(plan(inputs(false, false, false, true)), vec![LocalCache]);
         assert_eq!(plan(inputs(false, false, true, false)), vec![LocalCache]);
+    }
+
+    #[test]
+    fn unknown_cloud_health_tries_the_cache_first() {
+        let mut i = inputs(true, false, false, false);
+        i.cloud_unknown = true;
+        assert_eq!(plan(i), vec![LocalCache, Cloud]);
+        i.cloud_only = true;
+        assert_eq!(plan(i), vec![Cloud]);
     }
 
     #[test]

@@ -14,7 +14,8 @@ pub fn run(what: &str, rounds: usize) -> Result<()> {
     match what {
         "intercept" => intercept(rounds),
         "proxy" => crate::bench_proxy::proxy(rounds),
-        other => bail!("unknown benchmark `{other}` (available: intercept, proxy)"),
+        "cache" => crate::bench_cache::cache(rounds),
+        other => bail!("unknown benchmark `{other}` (available: intercept, proxy, cache)"),
     }
 }
 

@@ -1,5 +1,6 @@
 //! Project tasks: `cargo xtask build-ebpf | test | lint | demo | bench`.
 mod bench;
+mod bench_cache;
 mod bench_proxy;
 mod demo;
 
@@ -20,7 +21,7 @@ commands:
   demo         the system end to end on this machine, in throwaway namespaces (root);
                --step pauses between steps
   bench WHAT   release-build benchmarks as ratios against direct, same run
-               (WHAT: intercept, proxy); --rounds N";
+               (WHAT: intercept, proxy, cache); --rounds N";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

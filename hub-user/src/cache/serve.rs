@@ -36,6 +36,8 @@ const WARNING: &str = "299 - \"hub: served from the node's local cache; the clou
 /// How often an offline watch checks whether the cloud is back (then it ends, so the
 /// client re-lists from the cloud).
 const CLOUD_CHECK: Duration = Duration::from_millis(200);
+/// Lists this long give their memory back to the OS after they are answered.
+const LARGE_LIST: usize = 1000;
 /// Bookmarks on an offline watch, when the client allows them.
 pub const BOOKMARK_EVERY: Duration = Duration::from_secs(5);
 
@@ -487,7 +489,17 @@ fn list(
             kproto::envelope(&av, &list_kind, &raw)
         }
     };
-    Ok(respond(enc.content_type(), body, warning))
+    let resp = respond(enc.content_type(), body, warning);
+    if objects.len() >= LARGE_LIST {
+        // The decoded records of a large list are freed now; hand the memory back rather
+        // than keep the peak as RSS.
+        drop(objects);
+        // SAFETY: malloc_trim only releases free heap memory.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+    Ok(resp)
 }
 
 /// A response body fed from a channel (offline watches).

@@ -22,6 +22,8 @@ use super::{
 
 /// Ops applied in one transaction at most.
 const BATCH_OPS: usize = 512;
+/// Batches with this many objects give their memory back to the OS afterwards.
+const TRIM_AFTER: usize = 1000;
 /// A chunked list whose next page does not come within this time is abandoned.
 const STAGED_TTL: Duration = Duration::from_secs(300);
 /// Chunked lists in progress at once, at most.
@@ -168,7 +170,20 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
             }
         }
         if !writes.is_empty() {
-            match store.apply(writes) {
+            let large = writes.len() >= TRIM_AFTER
+                || writes.iter().any(
+                    |w| matches!(w, Write::ReplaceList { items, .. } if items.len() >= TRIM_AFTER),
+                );
+            let result = store.apply(writes);
+            if large {
+                // Parsed lists are freed now; give the memory back instead of keeping the
+                // peak as RSS.
+                // SAFETY: malloc_trim only releases free heap memory.
+                unsafe {
+                    libc::malloc_trim(0);
+                }
+            }
+            match result {
                 Ok(a) => {
                     stats.written.fetch_add(a.written, Ordering::Relaxed);
                     stats.stale.fetch_add(a.stale, Ordering::Relaxed);

@@ -218,6 +218,7 @@ impl Proxy {
         };
         let inputs = route::Inputs {
             cloud_healthy: self.cloud.healthy(),
+            cloud_unknown: !self.cloud.health_known(),
             coordinator_healthy: false,
             leader: false,
             pool_scope: info.is_resource && self.pool_scope.iter().any(|p| *p == info.gvr()),
@@ -314,7 +315,8 @@ impl Proxy {
                         accept: &accept,
                         credential: &credential,
                     };
-                    match cache.serve(asked, Arc::new(move || cloud.healthy())).await {
+                    let cloud_back = move || cloud.health_known() && cloud.healthy();
+                    match cache.serve(asked, Arc::new(cloud_back)).await {
                         Ok(resp) => {
                             self.record(
                                 Route::LocalCache,

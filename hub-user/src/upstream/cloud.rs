@@ -157,6 +157,12 @@ impl Cloud {
         self.servers.iter().any(|s| s.health.is_healthy())
     }
 
+    /// False until the first probe or request has reported on any server: right after
+    /// start, when a frozen or unreachable cloud is not yet known to be so.
+    pub fn health_known(&self) -> bool {
+        self.servers.iter().any(|s| s.health.is_known())
+    }
+
     pub fn status(&self) -> Vec<ServerStatus> {
         self.servers
             .iter()

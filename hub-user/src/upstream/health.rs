@@ -18,6 +18,8 @@ pub const OKS_TO_HEALTHY: u32 = 2;
 #[derive(Debug)]
 pub struct Health {
     healthy: AtomicBool,
+    /// Any probe or request has reported on this server since the hub started.
+    known: AtomicBool,
     fails: AtomicU32,
     soft_fails: AtomicU32,
     oks: AtomicU32,
@@ -30,6 +32,7 @@ impl Default for Health {
         // Optimistic at start: the first real request or probe decides.
         Health {
             healthy: AtomicBool::new(true),
+            known: AtomicBool::new(false),
             fails: AtomicU32::new(0),
             soft_fails: AtomicU32::new(0),
             oks: AtomicU32::new(0),
@@ -42,6 +45,11 @@ impl Default for Health {
 impl Health {
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::SeqCst)
+    }
+
+    /// False until the first probe or request has reported (just after start).
+    pub fn is_known(&self) -> bool {
+        self.known.load(Ordering::SeqCst)
     }
 
     pub fn transitions(&self) -> u32 {
@@ -59,6 +67,7 @@ impl Health {
     }
 
     pub fn success(&self) {
+        self.known.store(true, Ordering::SeqCst);
         self.fails.store(0, Ordering::SeqCst);
         self.soft_fails.store(0, Ordering::SeqCst);
         let oks = self.oks.fetch_add(1, Ordering::SeqCst) + 1;
@@ -69,6 +78,7 @@ impl Health {
 
     /// A transport failure or timeout.
     pub fn failure(&self, why: &str) {
+        self.known.store(true, Ordering::SeqCst);
         self.oks.store(0, Ordering::SeqCst);
         *self.last_error.lock().unwrap() = why.to_string();
         if self.fails.fetch_add(1, Ordering::SeqCst) + 1 >= FAILS_TO_UNHEALTHY {
@@ -78,6 +88,7 @@ impl Health {
 
     /// A 5xx answer: the server is up but not serving.
     pub fn soft_failure(&self, why: &str) {
+        self.known.store(true, Ordering::SeqCst);
         self.oks.store(0, Ordering::SeqCst);
         *self.last_error.lock().unwrap() = why.to_string();
         if self.soft_fails.fetch_add(1, Ordering::SeqCst) + 1 >= SOFT_FAILS_TO_UNHEALTHY {

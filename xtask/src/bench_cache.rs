@@ -1,0 +1,339 @@
+//! `cargo xtask bench cache`: the local cache against a release stand-in with 10k pods, in
+//! one run, asking as kubelet does (protobuf): the cost of serving a 10k-pod LIST from the cache vs the cloud, the write rate
+//! while a 10k list streams, RSS after caching 1k and 10k pods, disk size vs payload, how
+//! fast a frozen and a dead cloud are replaced by the cache (and how many requests fail
+//! meanwhile), how fast traffic returns, and time from an offline start to the first
+//! cached answer.
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hub::upstream::{
+    cloud::ProxyBody,
+    connect::MarkedConnector,
+    identity::{client_config, roots},
+};
+use hub_tests::{TempDir, apiserver::ADMIN_TOKEN, hub::HubProc, ports::free_port, process::Proc};
+use hyper::Request;
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use serde_json::Value;
+
+use crate::bench::rss_kib;
+
+type Http = Client<MarkedConnector, ProxyBody>;
+
+/// As kubelet asks: protobuf, JSON acceptable.
+const PROTOBUF: &str = "application/vnd.kubernetes.protobuf, application/json";
+/// The User-Agent of the benchmark's client; the hub caches this component.
+const COMPONENT: &str = "bench-client";
+
+struct Answer {
+    status: u16,
+    cached: bool,
+    bytes: usize,
+}
+
+async fn get(client: &Http, url: &str, accept: &str) -> Result<Answer> {
+    let req = Request::get(url)
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .header("Accept", accept)
+        .header("User-Agent", format!("{COMPONENT}/1.0"))
+        .body(Empty::<Bytes>::new().map_err(|n| match n {}).boxed())?;
+    let resp = tokio::time::timeout(Duration::from_secs(30), client.request(req))
+        .await
+        .context("timed out")??;
+    let status = resp.status().as_u16();
+    let cached = resp
+        .headers()
+        .get_all("warning")
+        .iter()
+        .any(|w| w.to_str().is_ok_and(|w| w.contains("local cache")));
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok(Answer {
+        status,
+        cached,
+        bytes: body.len(),
+    })
+}
+
+fn p50(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a process this benchmark started.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+fn cache_status(hub: &HubProc) -> Value {
+    hub.status()["cache"].clone()
+}
+
+/// Objects the cache has applied so far (written, or found already up to date).
+fn applied(hub: &HubProc) -> u64 {
+    let c = cache_status(hub);
+    c["written"].as_u64().unwrap_or(0) + c["stale"].as_u64().unwrap_or(0)
+}
+
+/// Waits until the hub's cache has applied `n` more objects than `before`.
+fn wait_written(hub: &HubProc, before: u64, n: u64) -> Result<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60) {
+        if applied(hub) >= before + n {
+            return Ok(started.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    bail!("the cache did not write {n} objects within 60 s")
+}
+
+/// Lists in a loop while `event` happens to the cloud; returns the time from the event to
+/// the first answer that `wanted` accepts, and how many requests failed in between.
+async fn across(
+    client: &Http,
+    url: &str,
+    event: impl FnOnce(),
+    wanted: impl Fn(&Answer) -> bool,
+) -> Result<(Duration, usize)> {
+    for _ in 0..3 {
+        get(client, url, PROTOBUF).await?;
+    }
+    event();
+    let at = Instant::now();
+    let mut failed = 0;
+    while at.elapsed() < Duration::from_secs(30) {
+        match get(client, url, PROTOBUF).await {
+            Ok(a) if wanted(&a) => return Ok((at.elapsed(), failed)),
+            Ok(a) if a.status == 200 => {}
+            _ => failed += 1,
+        }
+    }
+    bail!("no wanted answer within 30 s")
+}
+
+pub fn cache(rounds: usize) -> Result<()> {
+    let rounds = rounds.clamp(5, 50);
+    let dir = TempDir::new("bc");
+    let cloud_port = free_port();
+    let mut cmd = Command::new(hub_tests::bin_dir().join("../release/hub-apiserver"));
+    cmd.args([
+        "--listen",
+        &format!("127.0.0.1:{cloud_port}"),
+        "--nodes",
+        "10",
+        "--pods-per-node",
+        "1000",
+    ])
+    .args(["--hub-pki", "bench-node", "--dir"])
+    .arg(dir.path());
+    let standin = Proc::spawn_until_line(cmd, "hub-apiserver", "ready", Duration::from_secs(60));
+    let p = |f: &str| dir.path().join(f);
+    let (tls_port, admin_port, plain_port) = (free_port(), free_port(), free_port());
+    let admin = format!("127.0.0.1:{admin_port}");
+    let cache_dir = dir.path().join("cache");
+    let yaml = format!(
+        "nodeName: bench-node\ncloud:\n  servers: [\"https://127.0.0.1:{cloud_port}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\ncache:\n  dir: {}\n  components: [{COMPONENT}]\n",
+        p("ca.crt").display(),
+        p("hub-node.crt").display(),
+        p("hub-node.key").display(),
+        p("hub-serving.crt").display(),
+        p("hub-serving.key").display(),
+        cache_dir.display()
+    );
+    let mut hub = HubProc::start_yaml(None, &admin, None, |_, _| yaml.clone());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let roots = roots(&std::fs::read(p("ca.crt"))?, "stand-in CA")?;
+    let tls = client_config(&roots, None, &[b"h2"])?;
+    let client: Http =
+        Client::builder(TokioExecutor::new()).build(MarkedConnector { tls, mark: 0 });
+    let direct = format!("https://127.0.0.1:{cloud_port}");
+    let via = format!("https://127.0.0.1:{tls_port}");
+    let all = "/api/v1/namespaces/default/pods";
+    let one_k = "/api/v1/namespaces/default/pods?fieldSelector=spec.nodeName%3Dnode-3";
+    let pod = "/api/v1/namespaces/default/pods/pod-3-7";
+    let mib = |kib: u64| kib as f64 / 1024.0;
+
+    println!("bench cache: release stand-in with 10k pods over TLS (HTTP/2), release hub");
+    let idle = rss_kib(hub.proc.pid()).unwrap_or(0);
+
+    // Writes: 1k pods, then a 10k-pod protobuf list (as kubelet asks).
+    let written0 = applied(&hub);
+    let a = rt.block_on(get(&client, &format!("{via}{one_k}"), PROTOBUF))?;
+    wait_written(&hub, written0, 1000)?;
+    let rss_1k = rss_kib(hub.proc.pid()).unwrap_or(0);
+    let pb_1k_bytes = a.bytes;
+    let written1 = applied(&hub);
+    let started = Instant::now();
+    let a = rt.block_on(get(&client, &format!("{via}{all}"), PROTOBUF))?;
+    let listed = started.elapsed();
+    let stored = listed + wait_written(&hub, written1, 10_000)?;
+    let pb_10k_bytes = a.bytes;
+    let rss_10k = rss_kib(hub.proc.pid()).unwrap_or(0);
+    let file_bytes = cache_status(&hub)["file_bytes"].as_u64().unwrap_or(0);
+
+    // LIST 10k protobuf online: direct and through the hub (teeing), interleaved.
+    let (mut d, mut h) = (Vec::new(), Vec::new());
+    rt.block_on(async {
+        for i in 0..rounds {
+            let order = if i % 2 == 0 {
+                [&direct, &via]
+            } else {
+                [&via, &direct]
+            };
+            for base in order {
+                let t = Instant::now();
+                let a = get(&client, &format!("{base}{all}"), PROTOBUF).await?;
+                anyhow::ensure!(a.status == 200 && !a.cached);
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                if base == &direct {
+                    d.push(ms)
+                } else {
+                    h.push(ms)
+                }
+            }
+        }
+        anyhow::Ok(())
+    })?;
+    let (direct_10k, online_10k) = (p50(&mut d), p50(&mut h));
+
+    // The cloud freezes (SIGSTOP) during 1k-pod lists: first cached answer, failures.
+    let (to_cache_frozen, failed_frozen) = rt.block_on(across(
+        &client,
+        &format!("{via}{one_k}"),
+        || signal(standin.pid(), libc::SIGSTOP),
+        |a| a.status == 200 && a.cached,
+    ))?;
+    // LIST 10k protobuf from the cache.
+    let mut c = Vec::new();
+    rt.block_on(async {
+        for _ in 0..rounds {
+            let t = Instant::now();
+            let a = get(&client, &format!("{via}{all}"), PROTOBUF).await?;
+            anyhow::ensure!(
+                a.status == 200 && a.cached,
+                "not from the cache: {}",
+                a.status
+            );
+            c.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        anyhow::Ok(())
+    })?;
+    let cached_10k = p50(&mut c);
+    let rss_served = rss_kib(hub.proc.pid()).unwrap_or(0);
+
+    // Offline restart: the hub starts while the cloud is frozen; first cached answer.
+    drop(hub);
+    let t = Instant::now();
+    hub = HubProc::start_yaml(None, &admin, None, |_, _| yaml.clone());
+    let first = rt.block_on(async {
+        loop {
+            // The first try may hit the pooled connection to the hub that was stopped.
+            let r = get(&client, &format!("{via}{pod}"), PROTOBUF).await;
+            if let Ok(a) = r
+                && a.status == 200
+            {
+                return anyhow::Ok(t.elapsed());
+            }
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(30), "no cached answer");
+        }
+    })?;
+
+    // The cloud comes back (SIGCONT): traffic returns to it.
+    let (back, failed_back) = rt.block_on(across(
+        &client,
+        &format!("{via}{one_k}"),
+        || signal(standin.pid(), libc::SIGCONT),
+        |a| a.status == 200 && !a.cached,
+    ))?;
+    // The cloud dies (SIGKILL) during 1k-pod lists.
+    let (to_cache_dead, failed_dead) = rt.block_on(across(
+        &client,
+        &format!("{via}{one_k}"),
+        || signal(standin.pid(), libc::SIGKILL),
+        |a| a.status == 200 && a.cached,
+    ))?;
+
+    println!("{:<52} {:>12}", "metric", "value");
+    let line = |m: &str, v: String| println!("{m:<52} {v:>12}");
+    line(
+        "LIST 10k pods protobuf, direct p50",
+        format!("{direct_10k:.1} ms"),
+    );
+    line(
+        "LIST 10k pods protobuf, via hub online p50",
+        format!("{online_10k:.1} ms"),
+    );
+    line(
+        "LIST 10k pods protobuf, via hub from cache p50",
+        format!("{cached_10k:.1} ms"),
+    );
+    line(
+        "  from cache / direct",
+        format!("{:.2}x", cached_10k / direct_10k),
+    );
+    line(
+        "  online via hub / direct",
+        format!("{:.2}x", online_10k / direct_10k),
+    );
+    line(
+        "cache write: 10k-pod list answered / all stored",
+        format!(
+            "{:.0}/{:.0} ms",
+            listed.as_secs_f64() * 1e3,
+            stored.as_secs_f64() * 1e3
+        ),
+    );
+    line(
+        "cache write rate",
+        format!("{:.0} obj/s", 10_000.0 / stored.as_secs_f64()),
+    );
+    line("hub RSS idle", format!("{:.1} MiB", mib(idle)));
+    line(
+        "hub RSS after caching 1k pods",
+        format!("{:.1} MiB", mib(rss_1k)),
+    );
+    line(
+        "hub RSS after caching 10k pods",
+        format!("{:.1} MiB", mib(rss_10k)),
+    );
+    line(
+        "hub RSS after serving 10k from cache",
+        format!("{:.1} MiB", mib(rss_served)),
+    );
+    line(
+        "store file / payload (10k + 1k pods, protobuf)",
+        format!(
+            "{:.1}/{:.1} MiB",
+            file_bytes as f64 / 1048576.0,
+            (pb_1k_bytes + pb_10k_bytes) as f64 / 1048576.0
+        ),
+    );
+    line(
+        "cloud frozen -> first cached answer (1k lists)",
+        format!("{:.0} ms", to_cache_frozen.as_secs_f64() * 1e3),
+    );
+    line("  requests failed meanwhile", failed_frozen.to_string());
+    line(
+        "cloud killed -> first cached answer (1k lists)",
+        format!("{:.0} ms", to_cache_dead.as_secs_f64() * 1e3),
+    );
+    line("  requests failed meanwhile", failed_dead.to_string());
+    line(
+        "cloud back -> traffic returns to it",
+        format!("{:.0} ms", back.as_secs_f64() * 1e3),
+    );
+    line("  requests failed meanwhile", failed_back.to_string());
+    line(
+        "offline start (10k cached) -> first cached answer",
+        format!("{:.0} ms", first.as_secs_f64() * 1e3),
+    );
+    drop(hub);
+    Ok(())
+}
