@@ -1,10 +1,21 @@
 //! Prometheus metrics (`/metrics`, text format), prefix `hub_`, one sub-registry per
 //! module.
+use std::sync::{Arc, OnceLock};
+
 use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{
+        MetricType,
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        histogram::Histogram,
+    },
     registry::Registry,
 };
+
+use crate::cache::Cache;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -32,8 +43,76 @@ fn latency_histogram() -> Histogram {
     ))
 }
 
+/// The cache's counters, read from it at each scrape (`hub_cache_*`).
+#[derive(Debug, Default, Clone)]
+pub struct CacheCollector(pub Arc<OnceLock<Arc<Cache>>>);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+impl Collector for CacheCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(cache) = self.0.get() else {
+            return Ok(());
+        };
+        let s = cache.status();
+        /// (name, help, [(result label, value)])
+        type CounterFamily<'a> = (&'a str, &'a str, Vec<(&'static str, u64)>);
+        let families: [CounterFamily; 2] = [
+            (
+                "writes",
+                "Objects the cache applied or refused, by result",
+                vec![
+                    ("written", s.written),
+                    ("stale", s.stale),
+                    ("deleted", s.deleted),
+                    ("rejected", s.rejected),
+                    ("too_large", s.too_large),
+                    ("error", s.write_errors),
+                ],
+            ),
+            (
+                "offline_writes",
+                "Writes accepted while the cloud was unreachable, and their replay",
+                vec![
+                    ("accepted", s.offline_accepted),
+                    ("replayed", s.replayed),
+                    ("dropped", s.replay_dropped),
+                ],
+            ),
+        ];
+        for (name, help, values) in families {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (result, v) in values {
+                ConstCounter::new(v).encode(family.encode_family(&ResultLabel { result })?)?;
+            }
+        }
+        for (name, help, v) in [
+            (
+                "entries",
+                "Objects stored, tombstones included",
+                s.entries as i64,
+            ),
+            ("file_bytes", "Size of the store file", s.file_bytes as i64),
+            (
+                "queued_writes",
+                "Offline writes waiting for the cloud",
+                s.queued as i64,
+            ),
+        ] {
+            let g = ConstGauge::new(v);
+            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
+    /// Filled once the cache is open; its counters are read at each scrape.
+    pub cache: CacheCollector,
     pub requests: Family<RequestLabels, Counter>,
     pub latency: Family<LatencyLabels, Histogram, fn() -> Histogram>,
     pub open_streams: Gauge,
@@ -80,6 +159,10 @@ impl Metrics {
             "1 if the cloud server is healthy",
             upstream_healthy.clone(),
         );
+        let cache = CacheCollector::default();
+        registry
+            .sub_registry_with_prefix("cache")
+            .register_collector(Box::new(cache.clone()));
         registry.sub_registry_with_prefix("intercept").register(
             "connections",
             "Connections accepted on intercepted VIP listeners",
@@ -87,6 +170,7 @@ impl Metrics {
         );
         Metrics {
             registry,
+            cache,
             requests,
             latency,
             open_streams,

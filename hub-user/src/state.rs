@@ -106,7 +106,6 @@ pub struct HubState {
     node_name: String,
     pub metrics: Metrics,
     cloud: OnceLock<Arc<Cloud>>,
-    cache: OnceLock<Arc<Cache>>,
     data_path: Mutex<DataPath>,
     routes: Mutex<BTreeMap<String, RouteCounts>>,
     last_errors: Mutex<VecDeque<(u64, String)>>,
@@ -138,7 +137,6 @@ impl HubState {
             node_name: node_name.to_string(),
             metrics: Metrics::new(),
             cloud: OnceLock::new(),
-            cache: OnceLock::new(),
             data_path: Mutex::new(DataPath::Relay),
             routes: Mutex::new(BTreeMap::new()),
             last_errors: Mutex::new(VecDeque::new()),
@@ -161,11 +159,11 @@ impl HubState {
     }
 
     pub fn set_cache(&self, cache: Arc<Cache>) {
-        let _ = self.cache.set(cache);
+        let _ = self.metrics.cache.0.set(cache);
     }
 
     pub fn cache(&self) -> Option<&Arc<Cache>> {
-        self.cache.get()
+        self.metrics.cache.0.get()
     }
 
     pub fn set_data_path(&self, p: DataPath) {
@@ -279,7 +277,7 @@ impl HubState {
                 bytes_from_cloud: load(&self.bytes_from_cloud),
             },
             recent: self.recent.lock().unwrap().iter().cloned().collect(),
-            cache: self.cache.get().map(|c| c.status()),
+            cache: self.cache().map(|c| c.status()),
         }
     }
 }

@@ -189,6 +189,19 @@ impl HubProc {
         hub
     }
 
+    /// A plain GET on the admin port (e.g. `/metrics`); the raw HTTP answer.
+    pub fn admin_get(&self, path: &str) -> String {
+        use std::io::{Read, Write};
+        let mut tcp = std::net::TcpStream::connect(&self.admin).expect("admin port");
+        tcp.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .expect("admin request");
+        let mut s = String::new();
+        tcp.read_to_string(&mut s).expect("admin answer");
+        s
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -400,7 +400,7 @@ fn with_the_cloud_down_reads_get_a_503_naming_the_route() {
         "{}",
         w.json()
     );
-    let metrics = reqwest_free_get(&s.hub.admin, "/metrics");
+    let metrics = s.hub.admin_get("/metrics");
     assert!(
         metrics
             .contains("hub_proxy_requests_total{route=\"local-cache\",verb=\"list\",code=\"503\""),
@@ -421,17 +421,6 @@ fn with_the_cloud_down_reads_get_a_503_naming_the_route() {
             .any(|e| e[1].as_str().unwrap().contains("local-cache")),
         "{errors:?}"
     );
-}
-
-fn reqwest_free_get(addr: &str, path: &str) -> String {
-    let mut tcp = TcpStream::connect(addr).unwrap();
-    tcp.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .unwrap();
-    let mut s = String::new();
-    tcp.read_to_string(&mut s).unwrap();
-    s
 }
 
 #[test]

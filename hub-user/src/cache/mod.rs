@@ -105,6 +105,12 @@ pub struct Cache {
     server: Server,
 }
 
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cache({})", self.store.path.display())
+    }
+}
+
 /// Discovery documents and /version, cached for every client: they hold no secrets and
 /// clients break without them after an offline restart (OpenYurt #880).
 fn is_discovery(path: &str) -> bool {

@@ -162,7 +162,9 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
                 Op::Flush(done) => flushes.push(done),
                 op => match prepare(op, &mut staged) {
                     Ok(w) => writes.extend(w),
-                    Err(e) => {
+                    // A Table (kubectl's default output) or a Status: nothing to keep.
+                    Err(Rejected::NotAnObject) => {}
+                    Err(Rejected::Bad(e)) => {
                         stats.rejected.fetch_add(1, Ordering::Relaxed);
                         stats.error(e);
                     }
@@ -218,9 +220,25 @@ fn key(target: &Target, item: &Item) -> ObjectKey {
     }
 }
 
+/// Why a teed answer was not stored.
+enum Rejected {
+    /// A rendering (Table) or a Status: not an error, there is just nothing to keep.
+    NotAnObject,
+    Bad(String),
+}
+
+impl From<String> for Rejected {
+    fn from(s: String) -> Self {
+        Rejected::Bad(s)
+    }
+}
+
 /// Turns one teed answer into store writes (none for a page of an unfinished list).
-fn prepare(op: Op, staged: &mut HashMap<String, Staged>) -> Result<Vec<Write>, String> {
-    let err = |t: &Target, e: objects::ParseError| format!("{} {}: {e}", t.component, t.gvr);
+fn prepare(op: Op, staged: &mut HashMap<String, Staged>) -> Result<Vec<Write>, Rejected> {
+    let err = |t: &Target, e: objects::ParseError| match e {
+        objects::ParseError::NotAnObject => Rejected::NotAnObject,
+        e => Rejected::Bad(format!("{} {}: {e}", t.component, t.gvr)),
+    };
     match op {
         Op::Flush(_) => Ok(vec![]),
         Op::Event { target, frame } => {
@@ -259,10 +277,10 @@ fn prepare(op: Op, staged: &mut HashMap<String, Staged>) -> Result<Vec<Write>, S
                     let page = objects::parse_list(&target.resource, target.encoding, &body)
                         .map_err(|e| err(&target, e))?;
                     if page.bad > 0 {
-                        return Err(format!(
+                        return Err(Rejected::Bad(format!(
                             "{} {}: {} list items could not be cached (bad name or body)",
                             target.component, target.gvr, page.bad
-                        ));
+                        )));
                     }
                     let mut acc = match continue_from {
                         None => Staged {
@@ -273,10 +291,10 @@ fn prepare(op: Op, staged: &mut HashMap<String, Staged>) -> Result<Vec<Write>, S
                         },
                         // A later page whose first page we did not see: nothing to complete.
                         Some(token) => staged.remove(token).ok_or_else(|| {
-                            format!(
+                            Rejected::Bad(format!(
                                 "{} {}: a list page arrived without its first page; not cached",
                                 target.component, target.gvr
-                            )
+                            ))
                         })?,
                     };
                     acc.items.extend(page.items);

@@ -262,6 +262,12 @@ impl Proxy {
         for r in route::plan(inputs) {
             match r {
                 Route::Cloud => {
+                    // Probes say no server answers: sending would only hang the client
+                    // (a frozen cloud accepts connections and never replies).
+                    if !self.cloud.healthy() {
+                        why.push("cloud: unreachable (no server passes its health probe)".into());
+                        continue;
+                    }
                     let Some(req) = req.take() else { break };
                     let result = if is_upgrade(&req) {
                         forward_upgrade(&self.cloud, req, who).await
@@ -336,7 +342,10 @@ impl Proxy {
             }
         }
         if !self.cloud.healthy() && why.iter().all(|w| !w.starts_with("cloud")) {
-            why.insert(0, "cloud: unhealthy".into());
+            why.insert(
+                0,
+                "cloud: unreachable (no server passes its health probe)".into(),
+            );
         }
         let last = route::plan(inputs).last().copied().unwrap_or(Route::Cloud);
         // Only the cloud can answer writes, exec, logs: say plainly that the node is
@@ -389,16 +398,18 @@ impl Proxy {
                 return resp;
             }
         };
-        match forward::forward_parts(&self.cloud, &parts, body.clone(), AsWho::Node).await {
-            Ok(f) => {
-                self.record(Route::Cloud, info, component, f.response.status(), started);
-                return f.response;
+        if self.cloud.healthy() {
+            match forward::forward_parts(&self.cloud, &parts, body.clone(), AsWho::Node).await {
+                Ok(f) => {
+                    self.record(Route::Cloud, info, component, f.response.status(), started);
+                    return f.response;
+                }
+                Err(e) => tracing::info!(
+                    verb = info.verb,
+                    path = parts.uri.path(),
+                    "cloud unreachable, queueing the write on the node: {e}"
+                ),
             }
-            Err(e) => tracing::info!(
-                verb = info.verb,
-                path = parts.uri.path(),
-                "cloud unreachable, queueing the write on the node: {e}"
-            ),
         }
         let content_type = parts
             .headers
