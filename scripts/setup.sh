@@ -17,8 +17,10 @@ need_root
 # --- Debian packages -------------------------------------------------------
 # etcd-server: the pool coordinator in tests/demo; bpftool: map dumps in tests;
 # iproute2: netns/veth fixtures; python3-kubernetes: a real client in tests;
-# openssl: test CA inspection; curl: admin checks in scripts.
-DEB_PACKAGES=(etcd-server etcd-client bpftool iproute2 python3-kubernetes openssl curl ca-certificates)
+# openssl: test CA inspection; curl: admin checks in scripts; protobuf-compiler and
+# libprotobuf-dev: protoc and the well-known .proto files, which the etcd-client crate
+# needs to build its gRPC stubs.
+DEB_PACKAGES=(etcd-server etcd-client bpftool iproute2 python3-kubernetes openssl curl ca-certificates protobuf-compiler libprotobuf-dev)
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -147,6 +147,17 @@ pub struct CoordinatorConfig {
     /// Resources the pool leader syncs for the whole pool.
     #[serde(default = "default_pool_scope")]
     pub pool_scope_resources: Vec<String>,
+    /// CA of the etcd members (https endpoints).
+    pub ca_file: Option<PathBuf>,
+    /// This node's client certificate and key for etcd (one identity per node).
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// The etcd's --max-txn-ops: a storage operation needing more fails before sending.
+    #[serde(default = "default_max_txn_ops")]
+    pub max_txn_ops: usize,
+    /// The etcd's --max-request-bytes: a storage operation larger fails before sending.
+    #[serde(default = "default_max_request_bytes")]
+    pub max_request_bytes: usize,
 }
 
 fn yes() -> bool {
@@ -178,6 +189,14 @@ fn default_cache_dir() -> PathBuf {
 }
 fn default_cache_components() -> Vec<String> {
     crate::cache::DEFAULT_COMPONENTS.map(String::from).to_vec()
+}
+/// What deploy/coordinator-etcd.yaml sets (etcd's own defaults are 128 and 1.5 MiB, too
+/// small for one Txn replacing a node's pod list).
+fn default_max_txn_ops() -> usize {
+    10_000
+}
+fn default_max_request_bytes() -> usize {
+    16 * 1024 * 1024
 }
 fn default_prefix() -> String {
     "/registry".into()
@@ -230,6 +249,11 @@ impl Default for CoordinatorConfig {
             endpoints: vec![],
             prefix: default_prefix(),
             pool_scope_resources: default_pool_scope(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            max_txn_ops: default_max_txn_ops(),
+            max_request_bytes: default_max_request_bytes(),
         }
     }
 }

@@ -10,6 +10,10 @@ use std::{
 
 use crate::{TempDir, ports::free_port, process::Proc, unique, wait_for};
 
+/// etcd request limits of the coordinator, as the shipped manifest sets them.
+pub const MAX_TXN_OPS: usize = 10_000;
+pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+
 pub struct Member {
     pub name: String,
     pub client_url: String,
@@ -100,6 +104,9 @@ impl EtcdCluster {
             .arg(format!("--initial-cluster={}", self.initial_cluster))
             .arg(format!("--initial-cluster-token={}", self.token))
             .arg(format!("--initial-cluster-state={state}"))
+            // The limits deploy/coordinator-etcd.yaml sets (coordinator.maxTxnOps/maxRequestBytes).
+            .arg(format!("--max-txn-ops={MAX_TXN_OPS}"))
+            .arg(format!("--max-request-bytes={MAX_REQUEST_BYTES}"))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
         let p = Proc::spawn(cmd, &format!("etcd {}", m.name));

@@ -1,0 +1,550 @@
+//! Issue 7: coordinator storage against real etcd members (Debian's etcd-server). Every
+//! effect is read back with etcdctl, independently of the hub's own client.
+use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
+
+use base64::Engine;
+use hub::coordinator::{
+    owned::Owned,
+    storage::{self, Limits, Object, Outcome, Resource, Step, Storage, StorageError, rv_key},
+};
+use hub_tests::{
+    TempDir,
+    etcd::{EtcdCluster, MAX_REQUEST_BYTES, MAX_TXN_OPS},
+};
+use serde_json::{Value, json};
+
+const LIMITS: Limits = Limits {
+    max_txn_ops: MAX_TXN_OPS,
+    max_request_bytes: MAX_REQUEST_BYTES,
+};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn pods() -> Resource {
+    Resource {
+        group: String::new(),
+        resource: "pods".into(),
+    }
+}
+
+fn pod(ns: &str, name: &str, rv: u64) -> Object {
+    Object {
+        namespace: Some(ns.into()),
+        name: name.into(),
+        rv,
+        value: serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "resourceVersion": rv.to_string()}}))
+        .unwrap(),
+    }
+}
+
+async fn open(etcd: &EtcdCluster, state: &Path, limits: Limits) -> Storage {
+    let client = storage::connect(&etcd.endpoints(), None, Duration::from_secs(5))
+        .await
+        .unwrap();
+    Storage::open(&client, "/registry", Owned::open(state).unwrap(), limits)
+        .await
+        .unwrap()
+}
+
+/// What etcd holds under `prefix`, read with etcdctl: (revision, key -> value).
+fn etcd_dump(etcd: &EtcdCluster, prefix: &str) -> (i64, BTreeMap<String, String>) {
+    let out = etcd
+        .etcdctl(
+            &etcd.endpoints(),
+            &["get", prefix, "--prefix", "-w", "json"],
+        )
+        .unwrap();
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let b64 = |s: &Value| {
+        String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(s.as_str().unwrap())
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    let kvs = v["kvs"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|kv| (b64(&kv["key"]), b64(&kv["value"])))
+                .collect()
+        })
+        .unwrap_or_default();
+    (v["header"]["revision"].as_i64().unwrap(), kvs)
+}
+
+fn revision(etcd: &EtcdCluster) -> i64 {
+    etcd_dump(etcd, "/nothing-here").0
+}
+
+#[test]
+fn each_operation_is_one_txn_with_the_effect_etcd_shows() {
+    let etcd = EtcdCluster::start(1);
+    let dir = TempDir::new("co");
+    let rt = runtime();
+    let s = rt.block_on(open(&etcd, dir.path(), LIMITS));
+    let step = |before: i64, what: &str, by: i64| {
+        let now = revision(&etcd);
+        assert_eq!(
+            now - before,
+            by,
+            "{what}: revision moved by {}",
+            now - before
+        );
+        now
+    };
+    let mut rev = revision(&etcd);
+
+    // Create: the object under kube-apiserver's key, its resourceVersion beside it.
+    assert_eq!(
+        rt.block_on(s.create("kubelet", &pods(), &pod("ns1", "a", 10)))
+            .unwrap(),
+        Outcome::Written
+    );
+    rev = step(rev, "create", 1);
+    let (_, kv) = etcd_dump(&etcd, "/registry/pods/ns1/a");
+    let stored: Value = serde_json::from_str(&kv["/registry/pods/ns1/a"]).unwrap();
+    assert_eq!(
+        (stored["kind"].as_str(), stored["apiVersion"].as_str()),
+        (Some("Pod"), Some("v1"))
+    );
+    assert_eq!(
+        etcd_dump(&etcd, &rv_key("/registry/pods/ns1/a"))
+            .1
+            .values()
+            .next()
+            .unwrap(),
+        "00000000000000000010"
+    );
+    assert!(matches!(
+        rt.block_on(s.create("kubelet", &pods(), &pod("ns1", "a", 11))),
+        Err(StorageError::Exists(_))
+    ));
+    rev = step(rev, "create of an existing object", 0);
+
+    // Update: fresher wins, equal is a no-op, older is a conflict.
+    assert_eq!(
+        rt.block_on(s.update("kubelet", &pods(), &pod("ns1", "a", 12)))
+            .unwrap(),
+        Outcome::Written
+    );
+    rev = step(rev, "fresher update", 1);
+    assert_eq!(
+        rt.block_on(s.update("kubelet", &pods(), &pod("ns1", "a", 12)))
+            .unwrap(),
+        Outcome::Unchanged
+    );
+    rev = step(rev, "equal update", 0);
+    assert!(matches!(
+        rt.block_on(s.update("kubelet", &pods(), &pod("ns1", "a", 11))),
+        Err(StorageError::Conflict {
+            stored: 12,
+            offered: 11,
+            ..
+        })
+    ));
+    rev = step(rev, "older update", 0);
+    let (rv, value) = rt
+        .block_on(s.get(&pods(), Some("ns1"), "a"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (
+            rv,
+            serde_json::from_slice::<Value>(&value).unwrap()["metadata"]["resourceVersion"]
+                .as_str()
+        ),
+        (12, Some("12"))
+    );
+
+    // Services and nodes use kube-apiserver's historical prefixes.
+    let services = Resource {
+        group: String::new(),
+        resource: "services".into(),
+    };
+    let nodes = Resource {
+        group: String::new(),
+        resource: "nodes".into(),
+    };
+    rt.block_on(s.update("kube-proxy", &services, &pod("default", "web", 3)))
+        .unwrap();
+    rt.block_on(s.update(
+        "kubelet",
+        &nodes,
+        &Object {
+            namespace: None,
+            ..pod("", "edge-1", 4)
+        },
+    ))
+    .unwrap();
+    rev = step(rev, "two updates", 2);
+    let keys: Vec<String> = etcd_dump(&etcd, "/registry/").1.into_keys().collect();
+    assert!(
+        keys.contains(&"/registry/services/specs/default/web".to_string()),
+        "{keys:?}"
+    );
+    assert!(
+        keys.contains(&"/registry/minions/edge-1".to_string()),
+        "{keys:?}"
+    );
+
+    // ReplaceComponentList: one Txn; ns1's list does not touch ns10 (prefix trap).
+    let list = [
+        pod("ns1", "a", 12),
+        pod("ns1", "b", 13),
+        pod("ns1", "c", 14),
+    ];
+    rt.block_on(s.update("kubelet", &pods(), &pod("ns10", "z", 5)))
+        .unwrap();
+    rev = step(rev, "update in ns10", 1);
+    let r = rt
+        .block_on(s.replace_component_list("kubelet", &pods(), Some("ns1"), 20, &list))
+        .unwrap();
+    assert_eq!((r.written, r.unchanged, r.deleted), (2, 1, 0));
+    rev = step(rev, "replace (3 objects)", 1);
+    let r = rt
+        .block_on(s.replace_component_list("kubelet", &pods(), Some("ns1"), 30, &list[1..]))
+        .unwrap();
+    assert_eq!((r.written, r.unchanged, r.deleted), (0, 2, 1));
+    rev = step(rev, "replace (one vanished)", 1);
+    let in_etcd: Vec<String> = etcd_dump(&etcd, "/registry/pods/").1.into_keys().collect();
+    assert_eq!(
+        in_etcd,
+        [
+            "/registry/pods/ns1/b",
+            "/registry/pods/ns1/c",
+            "/registry/pods/ns10/z"
+        ]
+    );
+    let owned = s.list_keys_of_component("kubelet").unwrap();
+    assert!(
+        owned.contains(&"/registry/pods/ns10/z".to_string())
+            && !owned.contains(&"/registry/pods/ns1/a".to_string()),
+        "{owned:?}"
+    );
+    // The deleted object stays deleted for an older write, comes back for a newer one.
+    assert!(matches!(
+        rt.block_on(s.update("kubelet", &pods(), &pod("ns1", "a", 25))),
+        Err(StorageError::Conflict { .. })
+    ));
+    assert_eq!(
+        rt.block_on(s.update("kubelet", &pods(), &pod("ns1", "a", 31)))
+            .unwrap(),
+        Outcome::Written
+    );
+    rev = step(rev, "stale then fresh re-create", 1);
+
+    // Delete: as of a resourceVersion; a newer stored state stays.
+    assert!(matches!(
+        rt.block_on(s.delete("kubelet", &pods(), Some("ns1"), "a", 30))
+            .unwrap(),
+        Outcome::Stale { stored: 31 }
+    ));
+    assert_eq!(
+        rt.block_on(s.delete("kubelet", &pods(), Some("ns1"), "a", 32))
+            .unwrap(),
+        Outcome::Written
+    );
+    rev = step(rev, "delete", 1);
+    assert!(
+        rt.block_on(s.get(&pods(), Some("ns1"), "a"))
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(rt.block_on(s.list(&pods(), Some("ns1"))).unwrap().len(), 2);
+    assert_eq!(rt.block_on(s.list(&pods(), None)).unwrap().len(), 3);
+
+    // DeleteComponentResources: everything kube-proxy owns, one Txn.
+    assert_eq!(
+        rt.block_on(s.delete_component_resources("kube-proxy"))
+            .unwrap(),
+        1
+    );
+    step(rev, "delete component resources", 1);
+    assert!(etcd_dump(&etcd, "/registry/services/").1.is_empty());
+    assert!(s.list_keys_of_component("kube-proxy").unwrap().is_empty());
+}
+
+#[test]
+fn limits_fail_cleanly_and_bad_names_and_unknown_kinds() {
+    let etcd = EtcdCluster::start(1);
+    let dir = TempDir::new("co");
+    let rt = runtime();
+    let small = Limits {
+        max_txn_ops: 5,
+        max_request_bytes: 4096,
+    };
+    let s = rt.block_on(open(&etcd, dir.path(), small));
+    let before = revision(&etcd);
+    let many: Vec<Object> = (0..6).map(|i| pod("d", &format!("p{i}"), 1)).collect();
+    let e = rt
+        .block_on(s.replace_component_list("kubelet", &pods(), Some("d"), 1, &many))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            StorageError::TooManyOps {
+                ops: 6,
+                limit: 5,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("coordinator.maxTxnOps")
+            && e.to_string().contains("nothing was written")
+    );
+    let big = Object {
+        value: vec![b' '; 5000],
+        ..pod("d", "big", 1)
+    };
+    assert!(matches!(
+        rt.block_on(s.update("kubelet", &pods(), &big)),
+        Err(StorageError::TooLarge { .. })
+    ));
+    for bad in ["a/b", "..", ".", "nul\0byte", ""] {
+        let e = rt
+            .block_on(s.update("kubelet", &pods(), &pod("d", bad, 1)))
+            .unwrap_err();
+        assert!(matches!(e, StorageError::Key(_)), "{bad:?}: {e}");
+        let e = rt
+            .block_on(s.update("kubelet", &pods(), &pod(bad, "n", 1)))
+            .unwrap_err();
+        assert!(matches!(e, StorageError::Key(_)), "namespace {bad:?}: {e}");
+    }
+    assert_eq!(revision(&etcd), before, "nothing was written");
+    assert!(s.list_keys_of_component("kubelet").unwrap().is_empty());
+
+    // A kind the hub does not know (a CRD) round-trips as unstructured JSON.
+    let widgets = Resource {
+        group: "example.hub.dev".into(),
+        resource: "widgets".into(),
+    };
+    let w = json!({"apiVersion": "example.hub.dev/v1", "kind": "Widget",
+        "metadata": {"name": "w1", "namespace": "d", "resourceVersion": "7"},
+        "spec": {"size": 3, "tags": ["a", "b"], "nested": {"deep": true}}});
+    let obj = Object {
+        namespace: Some("d".into()),
+        name: "w1".into(),
+        rv: 7,
+        value: serde_json::to_vec(&w).unwrap(),
+    };
+    rt.block_on(s.update("operator", &widgets, &obj)).unwrap();
+    let (_, kv) = etcd_dump(&etcd, "/registry/example.hub.dev/widgets/d/w1");
+    assert_eq!(
+        serde_json::from_str::<Value>(&kv["/registry/example.hub.dev/widgets/d/w1"]).unwrap(),
+        w
+    );
+    let (rv, back) = rt
+        .block_on(s.get(&widgets, Some("d"), "w1"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (rv, serde_json::from_slice::<Value>(&back).unwrap()),
+        (7, w)
+    );
+}
+
+#[test]
+fn two_writers_racing_leave_the_freshest_object() {
+    let etcd = EtcdCluster::start(1);
+    let (d1, d2) = (TempDir::new("co"), TempDir::new("co"));
+    let rt = runtime();
+    let a = Arc::new(rt.block_on(open(&etcd, d1.path(), LIMITS)));
+    let b = Arc::new(rt.block_on(open(&etcd, d2.path(), LIMITS)));
+    const KEYS: u64 = 8;
+    const OPS: u64 = 1500;
+    // Deterministic pseudo-random resourceVersions per writer; both race on the same keys.
+    let writer = |s: Arc<Storage>, seed: u64| async move {
+        let mut x = seed;
+        let mut offered = BTreeMap::<u64, u64>::new();
+        for _ in 0..OPS {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let key = (x >> 40) % KEYS;
+            let rv = 1 + (x >> 20) % 100_000;
+            let _ = s
+                .update("kubelet", &pods(), &pod("race", &format!("k{key}"), rv))
+                .await;
+            let e = offered.entry(key).or_default();
+            *e = (*e).max(rv);
+        }
+        offered
+    };
+    let (oa, ob) = rt.block_on(async {
+        let (x, y) = tokio::join!(
+            tokio::spawn(writer(a.clone(), 1)),
+            tokio::spawn(writer(b.clone(), 2))
+        );
+        (x.unwrap(), y.unwrap())
+    });
+    let (_, kv) = etcd_dump(&etcd, "/registry/pods/race/");
+    assert_eq!(kv.len() as u64, KEYS);
+    for k in 0..KEYS {
+        let freshest = oa
+            .get(&k)
+            .copied()
+            .unwrap_or(0)
+            .max(ob.get(&k).copied().unwrap_or(0));
+        let stored: Value =
+            serde_json::from_str(&kv[&format!("/registry/pods/race/k{k}")]).unwrap();
+        assert_eq!(
+            stored["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap(),
+            freshest,
+            "key k{k}"
+        );
+    }
+    eprintln!(
+        "{} racing updates on {KEYS} keys: etcd holds the freshest of each",
+        2 * OPS
+    );
+}
+
+/// Keys under /registry/ that no component of this hub owns (orphans).
+fn orphans(etcd: &EtcdCluster, s: &Storage, components: &[&str]) -> Vec<String> {
+    let owned: Vec<String> = components
+        .iter()
+        .flat_map(|c| s.list_keys_of_component(c).unwrap())
+        .collect();
+    etcd_dump(etcd, "/registry/")
+        .1
+        .into_keys()
+        .filter(|k| !owned.contains(k))
+        .collect()
+}
+
+#[test]
+fn a_crash_at_any_step_is_reconciled_at_the_next_start() {
+    let etcd = EtcdCluster::start(1);
+    let dir = TempDir::new("co");
+    let rt = runtime();
+    let mut round = 0;
+    for step in [Step::AfterIntent, Step::AfterTxn] {
+        for op in ["create", "update", "delete", "replace"] {
+            round += 1;
+            let ns = format!("crash{round}");
+            let s = rt.block_on(open(&etcd, dir.path(), LIMITS));
+            // Before: a, b owned in this namespace.
+            rt.block_on(s.replace_component_list(
+                "kubelet",
+                &pods(),
+                Some(&ns),
+                10,
+                &[pod(&ns, "a", 5), pod(&ns, "b", 6)],
+            ))
+            .unwrap();
+            s.fail_next_at(Some(step));
+            let r = match op {
+                "create" => rt
+                    .block_on(s.create("kubelet", &pods(), &pod(&ns, "c", 7)))
+                    .map(|_| ()),
+                "update" => rt
+                    .block_on(s.update("kubelet", &pods(), &pod(&ns, "a", 8)))
+                    .map(|_| ()),
+                "delete" => rt
+                    .block_on(s.delete("kubelet", &pods(), Some(&ns), "b", 11))
+                    .map(|_| ()),
+                _ => rt
+                    .block_on(s.replace_component_list(
+                        "kubelet",
+                        &pods(),
+                        Some(&ns),
+                        20,
+                        &[pod(&ns, "a", 5), pod(&ns, "c", 12)],
+                    ))
+                    .map(|_| ()),
+            };
+            assert!(
+                matches!(r, Err(StorageError::Injected(_))),
+                "{op} at {step:?}: {r:?}"
+            );
+            drop(s); // the crash
+            let s = rt.block_on(open(&etcd, dir.path(), LIMITS)); // the restart reconciles
+            let what = format!("{op} interrupted at {step:?}");
+            assert!(
+                orphans(&etcd, &s, &["kubelet"]).is_empty(),
+                "{what}: orphans {:?}",
+                orphans(&etcd, &s, &["kubelet"])
+            );
+            let present: Vec<String> = etcd_dump(&etcd, &format!("/registry/pods/{ns}/"))
+                .1
+                .into_keys()
+                .collect();
+            let key = |n: &str| format!("/registry/pods/{ns}/{n}");
+            if matches!(op, "delete" | "replace") {
+                assert!(
+                    !present.contains(&key("b")),
+                    "{what}: the delete of b was lost: {present:?}"
+                );
+            }
+            let owned = s.list_keys_of_component("kubelet").unwrap();
+            for k in &present {
+                assert!(owned.contains(k), "{what}: {k} in etcd but not owned");
+            }
+            for k in owned.iter().filter(|k| k.contains(&format!("/{ns}/"))) {
+                assert!(
+                    present.contains(k),
+                    "{what}: owns {k}, which etcd does not hold"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_three_member_cluster_loses_no_acknowledged_write_when_a_member_dies() {
+    let mut etcd = EtcdCluster::start(3);
+    let dir = TempDir::new("co");
+    let rt = runtime();
+    let s = rt.block_on(open(&etcd, dir.path(), LIMITS));
+    let mut acked = Vec::new();
+    let mut failed = 0;
+    for i in 0..300u64 {
+        if i == 100 {
+            etcd.kill_member(0);
+        }
+        match rt.block_on(s.update("kubelet", &pods(), &pod("ha", &format!("p{i}"), i + 1))) {
+            Ok(_) => acked.push(i),
+            Err(e) => {
+                failed += 1;
+                eprintln!("update {i} failed during failover: {e}");
+            }
+        }
+    }
+    assert!(
+        acked.len() >= 290,
+        "operations continue: {} of 300 acknowledged",
+        acked.len()
+    );
+    let survivors = etcd.endpoints()[1..].to_vec();
+    let out = etcd
+        .etcdctl(
+            &survivors,
+            &["get", "/registry/pods/ha/", "--prefix", "--keys-only"],
+        )
+        .unwrap();
+    for i in &acked {
+        assert!(
+            out.lines().any(|l| l == format!("/registry/pods/ha/p{i}")),
+            "acknowledged write p{i} lost"
+        );
+    }
+    eprintln!(
+        "3 members, one killed at op 100: {} acknowledged, {failed} failed, none lost",
+        acked.len()
+    );
+}
