@@ -193,7 +193,7 @@ fn default_cache_components() -> Vec<String> {
 /// What deploy/coordinator-etcd.yaml sets (etcd's own defaults are 128 and 1.5 MiB, too
 /// small for one Txn replacing a node's pod list).
 fn default_max_txn_ops() -> usize {
-    10_000
+    20_000
 }
 fn default_max_request_bytes() -> usize {
     16 * 1024 * 1024

@@ -11,7 +11,7 @@ use std::{
 use crate::{TempDir, ports::free_port, process::Proc, unique, wait_for};
 
 /// etcd request limits of the coordinator, as the shipped manifest sets them.
-pub const MAX_TXN_OPS: usize = 10_000;
+pub const MAX_TXN_OPS: usize = 20_000;
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 
 pub struct Member {

@@ -292,7 +292,7 @@ fn limits_fail_cleanly_and_bad_names_and_unknown_kinds() {
         matches!(
             e,
             StorageError::TooManyOps {
-                ops: 6,
+                ops: 8,
                 limit: 5,
                 ..
             }

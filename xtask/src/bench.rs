@@ -15,7 +15,10 @@ pub fn run(what: &str, rounds: usize) -> Result<()> {
         "intercept" => intercept(rounds),
         "proxy" => crate::bench_proxy::proxy(rounds),
         "cache" => crate::bench_cache::cache(rounds),
-        other => bail!("unknown benchmark `{other}` (available: intercept, proxy, cache)"),
+        "coordinator" => crate::bench_coordinator::coordinator(rounds),
+        other => {
+            bail!("unknown benchmark `{other}` (available: intercept, proxy, cache, coordinator)")
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Project tasks: `cargo xtask build-ebpf | test | lint | demo | bench`.
 mod bench;
 mod bench_cache;
+mod bench_coordinator;
 mod bench_proxy;
 mod demo;
 
@@ -21,7 +22,7 @@ commands:
   demo         the system end to end on this machine, in throwaway namespaces (root);
                --step pauses between steps
   bench WHAT   release-build benchmarks as ratios against direct, same run
-               (WHAT: intercept, proxy, cache); --rounds N";
+               (WHAT: intercept, proxy, cache, coordinator); --rounds N";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -132,6 +132,8 @@ impl Owned {
 
     /// Applies an operation's outcome to ownership and clears its intent, in one
     /// transaction: the component owns `owned` from now on and no longer owns `released`.
+    /// It is not synced to disk on its own (the next `begin` syncs it): lost in a crash,
+    /// it leaves the intent in place, which the next start reconciles — the same outcome.
     pub fn finish(
         &self,
         id: u64,
@@ -139,7 +141,9 @@ impl Owned {
         owned: &[(String, u64)],
         released: &[String],
     ) -> Result<(), OwnedError> {
-        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        let mut txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        txn.set_durability(redb::Durability::None)
+            .map_err(|e| self.err(e))?;
         {
             let mut t = txn.open_table(OWNED).map_err(|e| self.err(e))?;
             for (key, rv) in owned {

@@ -9,9 +9,8 @@
 //! back. Per object, the Txn is:
 //!
 //! ```text
-//! if version(rv key) == 0          -> put object, put rv            (new)
-//! else if value(rv key) < pad(rv)  -> put object, put rv            (fresher)
-//! else                             -> get rv key                    (equal: no-op; older: conflict)
+//! if value(rv key) > at_least(rv)  -> get rv key            (equal: no-op; newer: conflict)
+//! else (older, or no rv key)       -> put object, put rv    (new or fresher)
 //! ```
 //!
 //! Objects are stored as the cloud sent them: JSON with apiVersion and kind set, or
@@ -148,57 +147,64 @@ pub fn rv_key(key: &str) -> String {
     format!("{META_PREFIX}{key}")
 }
 
-/// The per-object Txn: put if new or fresher, else read the stored resourceVersion.
-fn upsert_txn(key: &str, rv: u64, value: &[u8]) -> Txn {
+/// Operations of the per-object Txn (`guarded`) that count against etcd's max-txn-ops.
+const NESTED_OPS: usize = 2;
+
+/// A value that sorts after every companion value below `rv` and before every one at or
+/// above it: `value(rv key) > at_least(rv)` means "the stored state is not older than rv"
+/// (values are `pad(x)` or `pad(x)d`, and `pad(rv-1)d < pad(rv-1)z < pad(rv)`). It lets one
+/// comparison say it, so each object's bytes appear once in a Txn.
+fn at_least(rv: u64) -> String {
+    match rv.checked_sub(1) {
+        Some(r) => format!("{r:020}z"),
+        None => String::new(),
+    }
+}
+
+/// Skips (reading the stored resourceVersion) when `rv key` already holds `rv` or newer;
+/// otherwise — newer, or no such key — applies `writes`.
+fn guarded(key: &str, rv: u64, writes: Vec<TxnOp>) -> Txn {
     let rk = rv_key(key);
-    let puts = || {
+    Txn::new()
+        .when([Compare::value(
+            rk.as_str(),
+            CompareOp::Greater,
+            at_least(rv),
+        )])
+        .and_then([TxnOp::get(rk.as_str(), None)])
+        .or_else(writes)
+}
+
+/// Put if new or fresher.
+fn upsert_txn(key: &str, rv: u64, value: &[u8]) -> Txn {
+    guarded(
+        key,
+        rv,
         vec![
             TxnOp::put(key, value.to_vec(), None),
-            TxnOp::put(rk.as_str(), pad(rv), None),
-        ]
-    };
-    let fresher = Txn::new()
-        .when([Compare::value(rk.as_str(), CompareOp::Less, pad(rv))])
-        .and_then(puts())
-        .or_else([TxnOp::get(rk.as_str(), None)]);
-    Txn::new()
-        .when([Compare::version(rk.as_str(), CompareOp::Equal, 0)])
-        .and_then(puts())
-        .or_else([TxnOp::txn(fresher)])
+            TxnOp::put(rv_key(key), pad(rv), None),
+        ],
+    )
 }
 
-/// The per-object deletion: delete and leave a tombstone if the stored state is not newer
-/// than `rv`.
+/// Delete, leaving a tombstone, unless the stored state is newer than `rv`.
 fn delete_txn(key: &str, rv: u64) -> Txn {
-    let rk = rv_key(key);
-    let gone = || {
+    guarded(
+        key,
+        rv + 1,
         vec![
             TxnOp::delete(key, None),
-            TxnOp::put(rk.as_str(), tombstone(rv), None),
-        ]
-    };
-    let not_newer = Txn::new()
-        .when([Compare::value(rk.as_str(), CompareOp::Less, pad(rv + 1))])
-        .and_then(gone())
-        .or_else([TxnOp::get(rk.as_str(), None)]);
-    Txn::new()
-        .when([Compare::version(rk.as_str(), CompareOp::Equal, 0)])
-        .and_then(gone())
-        .or_else([TxnOp::txn(not_newer)])
+            TxnOp::put(rv_key(key), tombstone(rv), None),
+        ],
+    )
 }
 
-/// Reads the outcome of an `upsert_txn`/`delete_txn` answer.
+/// Reads the outcome of a `guarded` Txn's answer.
 fn outcome(resp: &TxnResponse, offered: u64) -> Result<Outcome, StorageError> {
-    if resp.succeeded() {
+    if !resp.succeeded() {
         return Ok(Outcome::Written);
     }
-    let Some(TxnOpResponse::Txn(inner)) = resp.op_responses().into_iter().next() else {
-        return Err(StorageError::Shape);
-    };
-    if inner.succeeded() {
-        return Ok(Outcome::Written);
-    }
-    let stored = match inner.op_responses().into_iter().next() {
+    let stored = match resp.op_responses().into_iter().next() {
         Some(TxnOpResponse::Get(g)) => g.kvs().first().and_then(|kv| parse_rv(kv.value())),
         _ => None,
     }
@@ -341,31 +347,25 @@ impl Storage {
     ) -> Result<Outcome, StorageError> {
         let key = self.key(r, obj.namespace.as_deref(), &obj.name)?;
         self.check_limits("create", 2, obj.value.len() + 2 * key.len() + 64)?;
-        let rk = rv_key(&key);
-        let puts = || {
-            vec![
-                TxnOp::put(key.as_str(), obj.value.clone(), None),
-                TxnOp::put(rk.as_str(), pad(obj.rv), None),
-            ]
-        };
-        let after_delete = Txn::new()
-            .when([
-                Compare::version(key.as_str(), CompareOp::Equal, 0),
-                Compare::value(rk.as_str(), CompareOp::Less, pad(obj.rv)),
-            ])
-            .and_then(puts())
-            .or_else([TxnOp::get(rk.as_str(), None)]);
+        // The object must not exist; a deleted one may come back if this is fresher.
         let txn = Txn::new()
-            .when([Compare::version(rk.as_str(), CompareOp::Equal, 0)])
-            .and_then(puts())
-            .or_else([TxnOp::txn(after_delete)]);
+            .when([Compare::version(key.as_str(), CompareOp::Greater, 0)])
+            .and_then([TxnOp::get(rv_key(&key), None)])
+            .or_else([TxnOp::txn(upsert_txn(&key, obj.rv, &obj.value))]);
         let intent = Intent {
             component: component.into(),
             put: vec![(key.clone(), obj.rv)],
             delete: vec![],
         };
         let (id, resp) = self.run(&intent, txn).await?;
-        let result = outcome(&resp, obj.rv)?;
+        let result = if resp.succeeded() {
+            Outcome::Unchanged
+        } else {
+            match resp.op_responses().into_iter().next() {
+                Some(TxnOpResponse::Txn(inner)) => outcome(&inner, obj.rv)?,
+                _ => return Err(StorageError::Shape),
+            }
+        };
         let owned = match result {
             Outcome::Written => intent.put.clone(),
             _ => vec![],
@@ -534,7 +534,9 @@ impl Storage {
             .collect();
         bytes += gone.iter().map(|(k, _)| 2 * k.len() + 64).sum::<usize>();
         let what = format!("replacing {} {} objects", objects.len(), r.resource);
-        self.check_limits(&what, put.len() + gone.len(), bytes)?;
+        // etcd gives a nested Txn only the operations its parent leaves (max-txn-ops minus
+        // the parent's count), and each object's Txn needs two.
+        self.check_limits(&what, put.len() + gone.len() + NESTED_OPS, bytes)?;
         let mut ops: Vec<TxnOp> = objects
             .iter()
             .zip(&put)
@@ -651,5 +653,17 @@ mod tests {
         assert_eq!(parse_rv(tombstone(42).as_bytes()), Some(42));
         assert_eq!(parse_rv(pad(u64::MAX).as_bytes()), Some(u64::MAX));
         assert_eq!(rv_key("/registry/pods/a/b"), "/hub/rv/registry/pods/a/b");
+        // "stored > at_least(rv)" is "stored is rv or newer", tombstones included.
+        for (stored, rv, not_older) in [
+            (pad(5), 5, true),
+            (pad(6), 5, true),
+            (pad(4), 5, false),
+            (tombstone(4), 5, false),
+            (tombstone(5), 5, true),
+            (pad(10), 9, true),
+            (pad(9), 10, false),
+        ] {
+            assert_eq!(stored > at_least(rv), not_older, "{stored} vs {rv}");
+        }
     }
 }
