@@ -14,6 +14,13 @@ use crate::{TempDir, ports::free_port, process::Proc, unique, wait_for};
 pub const MAX_TXN_OPS: usize = 20_000;
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 
+/// The files of a TLS member: its CA, its serving pair, and a client pair for etcdctl.
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub server: (PathBuf, PathBuf),
+    pub client: (PathBuf, PathBuf),
+}
+
 pub struct Member {
     pub name: String,
     pub client_url: String,
@@ -27,7 +34,10 @@ pub struct EtcdCluster {
     pub members: Vec<Member>,
     token: String,
     initial_cluster: String,
+    /// Client TLS: https client URLs that require a certificate signed by the CA.
+    tls: Option<TlsFiles>,
     _dir: TempDir,
+    _keep: Vec<TempDir>,
 }
 
 /// GET /health on a member's client URL: true when it reports healthy.
@@ -49,7 +59,32 @@ fn healthy(port: u16) -> bool {
 impl EtcdCluster {
     /// Starts `size` members (1 or 3) and waits until every one reports healthy.
     pub fn start(size: usize) -> EtcdCluster {
+        Self::start_with(size, None)
+    }
+
+    /// One member whose clients must present a certificate signed by `ca`.
+    pub fn start_tls(ca: &crate::apiserver::tls::TestCa) -> EtcdCluster {
+        let dir = TempDir::new("etcdtls");
+        let files = TlsFiles {
+            ca: dir.path().join("ca.crt"),
+            server: ca
+                .server(&["127.0.0.1", "localhost"])
+                .write(dir.path(), "etcd-server")
+                .expect("etcd server cert"),
+            client: ca
+                .client("etcdctl", None)
+                .write(dir.path(), "etcdctl")
+                .expect("etcdctl cert"),
+        };
+        std::fs::write(&files.ca, ca.cert_pem()).expect("ca.crt");
+        let mut c = Self::start_with(1, Some(files));
+        c._keep.push(dir);
+        c
+    }
+
+    fn start_with(size: usize, tls: Option<TlsFiles>) -> EtcdCluster {
         let dir = TempDir::new("etcd");
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let token = unique("etcd");
         let mut members: Vec<Member> = (0..size)
             .map(|i| Member {
@@ -62,7 +97,7 @@ impl EtcdCluster {
             })
             .collect();
         for m in &mut members {
-            m.client_url = format!("http://127.0.0.1:{}", m.client_port);
+            m.client_url = format!("{scheme}://127.0.0.1:{}", m.client_port);
         }
         let initial_cluster = members
             .iter()
@@ -73,7 +108,9 @@ impl EtcdCluster {
             members,
             token,
             initial_cluster,
+            tls,
             _dir: dir,
+            _keep: Vec::new(),
         };
         for i in 0..size {
             cluster.start_member(i);
@@ -106,8 +143,14 @@ impl EtcdCluster {
             .arg(format!("--initial-cluster-state={state}"))
             // The limits deploy/coordinator-etcd.yaml sets (coordinator.maxTxnOps/maxRequestBytes).
             .arg(format!("--max-txn-ops={MAX_TXN_OPS}"))
-            .arg(format!("--max-request-bytes={MAX_REQUEST_BYTES}"))
-            .stdout(std::process::Stdio::null())
+            .arg(format!("--max-request-bytes={MAX_REQUEST_BYTES}"));
+        if let Some(t) = &self.tls {
+            cmd.arg("--client-cert-auth")
+                .arg(format!("--trusted-ca-file={}", t.ca.display()))
+                .arg(format!("--cert-file={}", t.server.0.display()))
+                .arg(format!("--key-file={}", t.server.1.display()));
+        }
+        cmd.stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
         let p = Proc::spawn(cmd, &format!("etcd {}", m.name));
         self.members[i].proc = Some(p);
@@ -115,10 +158,18 @@ impl EtcdCluster {
 
     pub fn wait_healthy(&self, i: usize) {
         let port = self.members[i].client_port;
+        let url = self.members[i].client_url.clone();
         wait_for(
             &format!("etcd member {i} healthy"),
             Duration::from_secs(20),
-            || healthy(port).then_some(()),
+            || match &self.tls {
+                None => healthy(port).then_some(()),
+                // The member only talks to clients with a certificate: ask it as one.
+                Some(_) => self
+                    .etcdctl(std::slice::from_ref(&url), &["endpoint", "health"])
+                    .ok()
+                    .map(|_| ()),
+            },
         );
     }
 
@@ -136,13 +187,16 @@ impl EtcdCluster {
 
     /// Runs etcdctl (API v3) against the given endpoints and returns its stdout.
     pub fn etcdctl(&self, endpoints: &[String], args: &[&str]) -> Result<String, String> {
-        let out = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
+        let mut cmd = Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={}", endpoints.join(",")))
-            .arg("--command-timeout=5s")
-            .args(args)
-            .output()
-            .map_err(|e| e.to_string())?;
+            .arg("--command-timeout=5s");
+        if let Some(t) = &self.tls {
+            cmd.arg(format!("--cacert={}", t.ca.display()))
+                .arg(format!("--cert={}", t.client.0.display()))
+                .arg(format!("--key={}", t.client.1.display()));
+        }
+        let out = cmd.args(args).output().map_err(|e| e.to_string())?;
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {

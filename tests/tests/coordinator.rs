@@ -9,6 +9,7 @@ use hub::coordinator::{
 };
 use hub_tests::{
     TempDir,
+    apiserver::tls::TestCa,
     etcd::{EtcdCluster, MAX_REQUEST_BYTES, MAX_TXN_OPS},
 };
 use serde_json::{Value, json};
@@ -546,5 +547,87 @@ fn a_three_member_cluster_loses_no_acknowledged_write_when_a_member_dies() {
     eprintln!(
         "3 members, one killed at op 100: {} acknowledged, {failed} failed, none lost",
         acked.len()
+    );
+}
+
+#[test]
+fn tls_with_a_per_node_certificate_and_nothing_else() {
+    let ca = TestCa::new("coordinator-ca");
+    let etcd = EtcdCluster::start_tls(&ca);
+    let dir = TempDir::new("co");
+    let node = ca
+        .client("edge-1", None)
+        .write(dir.path(), "edge-1")
+        .unwrap();
+    let foreign = TestCa::new("other-ca")
+        .client("edge-1", None)
+        .write(dir.path(), "foreign")
+        .unwrap();
+    let ca_file = dir.path().join("ca.crt");
+    std::fs::write(&ca_file, ca.cert_pem()).unwrap();
+    let rt = runtime();
+    let try_with = |identity: Option<&(std::path::PathBuf, std::path::PathBuf)>| {
+        rt.block_on(async {
+            let tls =
+                storage::tls_options(&ca_file, identity.map(|(c, k)| (c.as_path(), k.as_path())))?;
+            let client =
+                storage::connect(&etcd.endpoints(), Some(tls), Duration::from_secs(3)).await?;
+            let state = dir.path().join(format!("state-{}", identity.is_some()));
+            let s = Storage::open(&client, "/registry", Owned::open(&state)?, LIMITS).await?;
+            s.update("kubelet", &pods(), &pod("tls", "p", 1)).await
+        })
+    };
+    assert_eq!(try_with(Some(&node)).unwrap(), Outcome::Written);
+    assert!(
+        try_with(None).is_err(),
+        "no client certificate must be refused"
+    );
+    assert!(
+        try_with(Some(&foreign)).is_err(),
+        "a certificate from another CA must be refused"
+    );
+    let (_, kv) = etcd_dump(&etcd, "/registry/pods/tls/");
+    assert_eq!(kv.len(), 1);
+}
+
+#[test]
+fn an_unreachable_etcd_fails_fast_and_is_reconnected() {
+    let mut etcd = EtcdCluster::start(1);
+    let dir = TempDir::new("co");
+    let rt = runtime();
+    let s = rt.block_on(open(&etcd, dir.path(), LIMITS));
+    rt.block_on(s.update("kubelet", &pods(), &pod("re", "a", 1)))
+        .unwrap();
+    etcd.kill_member(0);
+    // Nothing is queued in memory: each operation fails within its timeout.
+    for i in 0..5 {
+        let t = std::time::Instant::now();
+        assert!(
+            rt.block_on(s.update("kubelet", &pods(), &pod("re", &format!("down{i}"), 1)))
+                .is_err()
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "failed after {:?}",
+            t.elapsed()
+        );
+    }
+    etcd.start_member(0);
+    etcd.wait_healthy(0);
+    let back = hub_tests::wait_for("the client to reconnect", Duration::from_secs(20), || {
+        rt.block_on(s.update("kubelet", &pods(), &pod("re", "b", 2)))
+            .ok()
+    });
+    assert_eq!(back, Outcome::Written);
+    assert_eq!(
+        s.unfinished().unwrap(),
+        0,
+        "the failed operations' intents were reconciled"
+    );
+    assert!(orphans(&etcd, &s, &["kubelet"]).is_empty());
+    let (_, kv) = etcd_dump(&etcd, "/registry/pods/re/");
+    assert_eq!(
+        kv.keys().cloned().collect::<Vec<_>>(),
+        ["/registry/pods/re/a", "/registry/pods/re/b"]
     );
 }

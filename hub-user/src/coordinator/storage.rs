@@ -69,6 +69,8 @@ pub enum StorageError {
     },
     #[error("an answer from etcd did not have the expected shape")]
     Shape,
+    #[error("coordinator TLS: {0}")]
+    Tls(String),
     #[error("injected failure at {0:?}")]
     Injected(Step),
 }
@@ -232,6 +234,8 @@ pub struct Storage {
     owned: Owned,
     limits: Limits,
     fail_at: Mutex<Option<Step>>,
+    /// A Txn failed without an answer: its intent waits to be reconciled.
+    unreconciled: std::sync::atomic::AtomicBool,
 }
 
 /// Connects to the pool's etcd (several endpoints are balanced by the client; it reconnects
@@ -250,6 +254,23 @@ pub async fn connect(
         opts = opts.with_tls(t);
     }
     Ok(Client::connect(endpoints, Some(opts)).await?)
+}
+
+/// Client TLS for https endpoints: the members' CA and, when given, this node's own client
+/// certificate (one identity per node, never a shared admin certificate).
+pub fn tls_options(
+    ca_file: &std::path::Path,
+    identity: Option<(&std::path::Path, &std::path::Path)>,
+) -> Result<etcd_client::TlsOptions, StorageError> {
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| StorageError::Tls(format!("{}: {e}", p.display())))
+    };
+    let mut tls = etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(read(ca_file)?));
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(tls)
 }
 
 impl Storage {
@@ -271,6 +292,7 @@ impl Storage {
             owned,
             limits,
             fail_at: Mutex::new(None),
+            unreconciled: std::sync::atomic::AtomicBool::new(false),
         };
         s.reconcile().await?;
         Ok(s)
@@ -329,12 +351,27 @@ impl Storage {
     }
 
     /// Runs one Txn for an operation whose ownership change is described by `intent`.
+    /// When etcd gives no answer the Txn may or may not have committed: the intent stays,
+    /// and is reconciled before the next operation (or at the next start).
     async fn run(&self, intent: &Intent, txn: Txn) -> Result<(u64, TxnResponse), StorageError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.unreconciled.load(SeqCst) {
+            self.reconcile().await?;
+            self.unreconciled.store(false, SeqCst);
+        }
         let id = self.owned.begin(intent)?;
         self.failpoint(Step::AfterIntent)?;
-        let resp = self.txn(txn).await?;
+        let resp = self
+            .txn(txn)
+            .await
+            .inspect_err(|_| self.unreconciled.store(true, SeqCst))?;
         self.failpoint(Step::AfterTxn)?;
         Ok((id, resp))
+    }
+
+    /// Operations whose outcome is not yet reflected in the ownership store.
+    pub fn unfinished(&self) -> Result<usize, StorageError> {
+        Ok(self.owned.pending()?.len())
     }
 
     /// Stores a new object; an existing one is an error (a deleted one may come back with a
