@@ -236,7 +236,31 @@ pub fn render(s: &StatusReport) -> String {
             let _ = writeln!(out, "cache:        off");
         }
     }
-    let _ = writeln!(out, "coordinator:  not configured in this build");
+    match &s.coordinator {
+        Some(c) => {
+            let _ = writeln!(
+                out,
+                "coordinator:  pool {} {} ({}), epoch {}, {} full pushes, {} lists / {} objects pushed{}",
+                c.pool,
+                if c.healthy { "healthy" } else { "UNHEALTHY" },
+                c.endpoints.join(","),
+                c.epoch,
+                c.full_pushes,
+                c.lists_pushed,
+                c.objects_written,
+                c.last_error
+                    .as_ref()
+                    .map(|e| format!(" (last error: {e})"))
+                    .unwrap_or_default()
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "coordinator:  none (no poolName / coordinator.endpoints)"
+            );
+        }
+    }
     let _ = writeln!(out, "role:         follower (no pool)");
     for (route, c) in &s.routes {
         let _ = writeln!(

@@ -12,6 +12,7 @@ use crate::{
     cache::Cache,
     certs,
     config::Config,
+    coordinator::pool::Pool,
     intercept::{self, Interceptor, OriginLookup},
     proxy::{Listener, Proxy, serving},
     relay,
@@ -265,6 +266,17 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
         None
     };
 
+    // The pool coordinator: pushes this node's cache, serves the pool's data offline.
+    let pool = match (&cache, &config.pool_name) {
+        (Some(c), Some(_)) if !config.coordinator.endpoints.is_empty() => {
+            let pool = Arc::new(Pool::new(config.clone()));
+            state.set_pool(pool.clone());
+            tokio::spawn(pool.clone().run(c.clone(), stop_rx.clone()));
+            Some(pool)
+        }
+        _ => None,
+    };
+
     let vips = all_vips(&config)?;
     let tls = serving_tls(&config, &cloud, &vips, &state, &stop_rx).await?;
     state.set_data_path(if tls.is_some() {
@@ -280,6 +292,7 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
             pool_scope: config.coordinator.pool_scope_resources.clone(),
             origins,
             cache: cache.clone(),
+            pool: pool.clone(),
         })
     };
     let plain = make_proxy(None);

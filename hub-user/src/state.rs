@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     cache::{Cache, CacheStatus},
+    coordinator::pool::{Pool, PoolStatus},
     metrics::Metrics,
     route::Route,
     upstream::{Cloud, cloud::ServerStatus},
@@ -94,6 +95,9 @@ pub struct StatusReport {
     /// None when the cache is turned off.
     #[serde(default)]
     pub cache: Option<CacheStatus>,
+    /// None without a pool coordinator.
+    #[serde(default)]
+    pub coordinator: Option<PoolStatus>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -106,6 +110,7 @@ pub struct HubState {
     node_name: String,
     pub metrics: Metrics,
     cloud: OnceLock<Arc<Cloud>>,
+    pool: OnceLock<Arc<Pool>>,
     data_path: Mutex<DataPath>,
     routes: Mutex<BTreeMap<String, RouteCounts>>,
     last_errors: Mutex<VecDeque<(u64, String)>>,
@@ -137,6 +142,7 @@ impl HubState {
             node_name: node_name.to_string(),
             metrics: Metrics::new(),
             cloud: OnceLock::new(),
+            pool: OnceLock::new(),
             data_path: Mutex::new(DataPath::Relay),
             routes: Mutex::new(BTreeMap::new()),
             last_errors: Mutex::new(VecDeque::new()),
@@ -156,6 +162,10 @@ impl HubState {
 
     pub fn set_cloud(&self, cloud: Arc<Cloud>) {
         let _ = self.cloud.set(cloud);
+    }
+
+    pub fn set_pool(&self, pool: Arc<Pool>) {
+        let _ = self.pool.set(pool);
     }
 
     pub fn set_cache(&self, cache: Arc<Cache>) {
@@ -278,6 +288,7 @@ impl HubState {
             },
             recent: self.recent.lock().unwrap().iter().cloned().collect(),
             cache: self.cache().map(|c| c.status()),
+            coordinator: self.pool.get().map(|p| p.status()),
         }
     }
 }

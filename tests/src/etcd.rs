@@ -180,6 +180,16 @@ impl EtcdCluster {
         }
     }
 
+    /// Destroys member `i`'s data and starts it afresh: a new, empty etcd (another cluster
+    /// id) at the same address — a coordinator wiped and rebuilt.
+    pub fn wipe_member(&mut self, i: usize) {
+        self.kill_member(i);
+        let _ = std::fs::remove_dir_all(&self.members[i].data);
+        self.token = unique("etcd");
+        self.start_member(i);
+        self.wait_healthy(i);
+    }
+
     /// Client URLs of all members, for `coordinator.endpoints` or etcdctl.
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(|m| m.client_url.clone()).collect()

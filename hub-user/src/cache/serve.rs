@@ -31,8 +31,11 @@ use crate::{
     upstream::cloud::ProxyBody,
 };
 
-/// What the offline answer says about itself (kubectl prints Warning headers).
-const WARNING: &str = "299 - \"hub: served from the node's local cache; the cloud is unreachable\"";
+/// What an offline answer says about itself (kubectl prints Warning headers).
+pub const FROM_LOCAL_CACHE: &str =
+    "299 - \"hub: served from the node's local cache; the cloud is unreachable\"";
+pub const FROM_COORDINATOR: &str =
+    "299 - \"hub: served from the pool coordinator; the cloud is unreachable\"";
 /// How often an offline watch checks whether the cloud is back (then it ends, so the
 /// client re-lists from the cloud).
 const CLOUD_CHECK: Duration = Duration::from_millis(200);
@@ -83,11 +86,16 @@ fn api_version(info: &RequestInfo) -> String {
     }
 }
 
-fn respond(enc_type: &str, body: impl Into<Bytes>, warning: Option<String>) -> Response<ProxyBody> {
+fn respond(
+    source: &str,
+    enc_type: &str,
+    body: impl Into<Bytes>,
+    warning: Option<String>,
+) -> Response<ProxyBody> {
     let mut b = Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, enc_type)
-        .header("warning", WARNING);
+        .header("warning", source);
     if let Some(w) = warning {
         b = b.header("warning", format!("299 - \"hub: {w}\""));
     }
@@ -270,7 +278,7 @@ impl Server {
                     || (m == media && p == params)
             });
             if let Some((ct, body)) = hit {
-                return Ok(respond(ct, body.clone(), None));
+                return Ok(respond(FROM_LOCAL_CACHE, ct, body.clone(), None));
             }
         }
         Err(format!("{path} is cached only as {}", stored[0].0))
@@ -322,6 +330,7 @@ fn get(
         ));
     };
     Ok(respond(
+        FROM_LOCAL_CACHE,
         item.encoding.content_type(),
         encode_object(item),
         None,
@@ -401,11 +410,79 @@ fn list(
     credential: &str,
     prefs: &[Encoding],
 ) -> Result<Response<ProxyBody>, String> {
+    let (objects, rv) = scope_objects(store, info, credential)?;
+    render_list(FROM_LOCAL_CACHE, objects, rv, info, query, prefs)
+}
+
+/// Answers a get or list from objects read elsewhere (the pool coordinator): `items` are
+/// every object of the request's scope, `rv` the resourceVersion they stand at.
+pub fn answer_from(
+    source: &str,
+    mut items: Vec<Item>,
+    rv: u64,
+    info: &RequestInfo,
+    query: &str,
+    accept: &str,
+) -> Result<Response<ProxyBody>, String> {
+    let prefs = accepted(accept);
+    if prefs.is_empty() {
+        return Err(format!("the client accepts only {accept:?}"));
+    }
+    items.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let records = items
+        .into_iter()
+        .map(|item| {
+            let key = ObjectKey {
+                credential: String::new(),
+                gvr: info.gvr(),
+                namespace: item.namespace.clone(),
+                name: item.name.clone(),
+                component: String::new(),
+            };
+            let rec = Record {
+                deleted: false,
+                stored_at: 0,
+                item,
+            };
+            (key, rec)
+        })
+        .collect();
+    let objects = latest(records);
+    match info.verb {
+        "list" => render_list(source, objects, rv, info, query, &prefs),
+        "get" => {
+            let found = objects
+                .iter()
+                .find(|l| l.key.name == info.name && l.key.namespace == info.namespace)
+                .ok_or_else(|| format!("{} {} is not there", info.resource, info.name))?;
+            let item = prefs
+                .iter()
+                .find_map(|e| found.pick(*e))
+                .ok_or("held only in an encoding the client does not accept")?;
+            Ok(respond(
+                source,
+                item.encoding.content_type(),
+                encode_object(item),
+                None,
+            ))
+        }
+        v => Err(format!("{v} is not answered from here")),
+    }
+}
+
+/// A list answer from the objects of its scope: selectors, limit/continue, encoding.
+fn render_list(
+    source: &str,
+    objects: Vec<Latest>,
+    rv: u64,
+    info: &RequestInfo,
+    query: &str,
+    prefs: &[Encoding],
+) -> Result<Response<ProxyBody>, String> {
     let sel = match selector(info, query)? {
         Ok(s) => s,
         Err(msg) => return Ok(bad_request(&msg)),
     };
-    let (objects, rv) = scope_objects(store, info, credential)?;
     let kind = objects
         .iter()
         .find_map(|l| {
@@ -489,7 +566,7 @@ fn list(
             kproto::envelope(&av, &list_kind, &raw)
         }
     };
-    let resp = respond(enc.content_type(), body, warning);
+    let resp = respond(source, enc.content_type(), body, warning);
     if objects.len() >= LARGE_LIST {
         // The decoded records of a large list are freed now; hand the memory back rather
         // than keep the peak as RSS.
@@ -678,7 +755,7 @@ async fn watch(
         Encoding::Json => "application/json".to_string(),
         Encoding::Protobuf => format!("{};stream=watch", enc.content_type()),
     };
-    let mut resp = respond(&ct, Bytes::new(), None);
+    let mut resp = respond(FROM_LOCAL_CACHE, &ct, Bytes::new(), None);
     *resp.body_mut() = ChannelBody(rx).boxed();
     Ok(resp)
 }

@@ -1,6 +1,8 @@
 //! The pool coordinator: objects in the pool's etcd under kube-apiserver's own key layout
 //! (`keys`), written by single-Txn operations with freshness decided inside etcd
-//! (`storage`), and the local record of which keys this hub owns (`owned`).
+//! (`storage`), the local record of which keys this hub owns (`owned`), and the hub's part
+//! in its pool: pushing, rebuild detection, serving the pool's data (`pool`).
 pub mod keys;
 pub mod owned;
+pub mod pool;
 pub mod storage;

@@ -26,6 +26,7 @@ use self::{
 };
 use crate::{
     cache::{self, Cache, offline, serve::CacheRequest},
+    coordinator::pool::Pool,
     intercept::OriginLookup,
     metrics::{LatencyLabels, RequestLabels},
     route::{self, Route},
@@ -69,6 +70,7 @@ pub struct Proxy {
     pub pool_scope: Vec<String>,
     pub origins: Option<Arc<dyn OriginLookup>>,
     pub cache: Option<Arc<Cache>>,
+    pub pool: Option<Arc<Pool>>,
 }
 
 impl Proxy {
@@ -219,9 +221,11 @@ impl Proxy {
         let inputs = route::Inputs {
             cloud_healthy: self.cloud.healthy(),
             cloud_unknown: !self.cloud.health_known(),
-            coordinator_healthy: false,
+            coordinator_healthy: self.pool.as_ref().is_some_and(|p| p.healthy()),
             leader: false,
-            pool_scope: info.is_resource && self.pool_scope.iter().any(|p| *p == info.gvr()),
+            // No pool leader syncs pool-scope resources yet (issue 8): while the cloud is
+            // up they come from the cloud, not from what hubs last pushed.
+            pool_scope: false,
             cloud_only: !info.is_read(),
         };
         let streaming = info.verb == "watch"
@@ -337,7 +341,30 @@ impl Proxy {
                     }
                 }
                 Route::Coordinator => {
-                    why.push("coordinator: route not available in this build".into());
+                    let Some(pool) = &self.pool else {
+                        why.push("coordinator: none configured".into());
+                        continue;
+                    };
+                    // Pool data came from node identities: only they are served it.
+                    if who != AsWho::Node {
+                        why.push(
+                            "coordinator: pool data is served to the node identity only".into(),
+                        );
+                        continue;
+                    }
+                    match pool.serve(&info, &query, &accept).await {
+                        Ok(resp) => {
+                            self.record(
+                                Route::Coordinator,
+                                &info,
+                                component,
+                                resp.status(),
+                                started,
+                            );
+                            return resp;
+                        }
+                        Err(e) => why.push(format!("coordinator: {e}")),
+                    }
                 }
             }
         }

@@ -1,0 +1,356 @@
+//! The hub's part in its node pool (issue 8, first part): push what this node's cache holds
+//! into the pool's coordinator, notice a coordinator that was rebuilt (its epoch key gone,
+//! or another etcd cluster id) and push everything again, and answer get/list for the whole
+//! pool from the coordinator while the cloud is unreachable.
+//!
+//! Only what the cloud returned to the node identity is pushed (kubelet, kube-proxy, … —
+//! never a pod's bearer-token reads, never Secrets), and pool data is served only to the
+//! node identity, so nothing reaches a client the cloud did not authorise for it.
+//! Not yet here: leader election and pool-scope serving while the cloud is up, watches from
+//! the coordinator, a durable outbox of incremental changes, garbage collection.
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, OnceLock,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use hyper::Response;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::{
+    owned::Owned,
+    storage::{self, Limits, Object, Resource, Storage},
+};
+use crate::{
+    cache::{
+        Cache,
+        objects::{self, Encoding, Item},
+        serve::{FROM_COORDINATOR, answer_from},
+        store,
+    },
+    config::Config,
+    kproto,
+    proxy::request::RequestInfo,
+    upstream::cloud::ProxyBody,
+};
+
+/// The key whose value identifies one life of the coordinator: created by the first hub
+/// that finds it missing; gone after a wipe or rebuild.
+pub const EPOCH_KEY: &str = "/hub/epoch";
+/// How often the cache is compared with what was pushed.
+const SYNC_EVERY: Duration = Duration::from_secs(1);
+/// Resources that never leave the node.
+const NEVER_PUSHED: [&str; 1] = ["/v1/secrets"];
+
+/// What `hub status` shows about the coordinator.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PoolStatus {
+    pub pool: String,
+    pub endpoints: Vec<String>,
+    pub healthy: bool,
+    pub epoch: String,
+    pub cluster_id: u64,
+    /// Full pushes of this node's data (the first, and one per coordinator rebuild).
+    pub full_pushes: u64,
+    /// Lists replaced in the coordinator, and objects written by them.
+    pub lists_pushed: u64,
+    pub objects_written: u64,
+    pub last_push_ms: u64,
+    pub last_error: Option<String>,
+}
+
+pub struct Pool {
+    config: Arc<Config>,
+    storage: OnceLock<(Client, Arc<Storage>)>,
+    healthy: AtomicBool,
+    status: Mutex<PoolStatus>,
+}
+
+/// (objects, sum of resourceVersions): changes whenever the set or a version does.
+type Fingerprint = (usize, u64);
+
+fn resource_of(gvr: &str) -> Option<Resource> {
+    let mut p = gvr.splitn(3, '/');
+    let (group, _version, resource) = (p.next()?, p.next()?, p.next()?);
+    Some(Resource {
+        group: group.into(),
+        resource: resource.into(),
+    })
+}
+
+/// The bytes kept in etcd: JSON as is, protobuf in its `k8s\0` envelope (as kube-apiserver
+/// writes built-in kinds).
+fn stored_value(item: &Item) -> Vec<u8> {
+    match item.encoding {
+        Encoding::Json => item.body.clone(),
+        Encoding::Protobuf => kproto::envelope(&item.api_version, &item.kind, &item.body),
+    }
+}
+
+impl Pool {
+    pub fn new(config: Arc<Config>) -> Pool {
+        let status = PoolStatus {
+            pool: config.pool_name.clone().unwrap_or_default(),
+            endpoints: config.coordinator.endpoints.clone(),
+            ..Default::default()
+        };
+        Pool {
+            config,
+            storage: OnceLock::new(),
+            healthy: AtomicBool::new(false),
+            status: Mutex::new(status),
+        }
+    }
+
+    pub fn healthy(&self) -> bool {
+        self.healthy.load(Ordering::SeqCst)
+    }
+
+    pub fn status(&self) -> PoolStatus {
+        let mut s = self
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        s.healthy = self.healthy();
+        s
+    }
+
+    fn set_error(&self, e: String) {
+        tracing::warn!("coordinator: {e}");
+        self.healthy.store(false, Ordering::SeqCst);
+        self.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last_error = Some(e);
+    }
+
+    async fn connect(&self) -> Result<(), String> {
+        let c = &self.config.coordinator;
+        let tls = match &c.ca_file {
+            Some(ca) => Some(
+                storage::tls_options(ca, c.cert_file.as_deref().zip(c.key_file.as_deref()))
+                    .map_err(|e| e.to_string())?,
+            ),
+            None => None,
+        };
+        let client = storage::connect(&c.endpoints, tls, Duration::from_secs(10))
+            .await
+            .map_err(|e| e.to_string())?;
+        let owned = Owned::open(&self.config.cache.dir).map_err(|e| e.to_string())?;
+        let limits = Limits {
+            max_txn_ops: c.max_txn_ops,
+            max_request_bytes: c.max_request_bytes,
+        };
+        let storage = Storage::open(&client, &c.prefix, owned, limits)
+            .await
+            .map_err(|e| e.to_string())?;
+        let _ = self.storage.set((client, Arc::new(storage)));
+        Ok(())
+    }
+
+    /// Reads the coordinator's epoch, creating it if missing (one Txn); with the etcd
+    /// cluster id, this names the coordinator's current life.
+    async fn epoch(&self, client: &Client) -> Result<(String, u64), String> {
+        let fresh = format!("{}-{}", self.config.node_name, store::now());
+        let txn = Txn::new()
+            .when([Compare::version(EPOCH_KEY, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(EPOCH_KEY, fresh.clone(), None)])
+            .or_else([TxnOp::get(EPOCH_KEY, None)]);
+        let resp = client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(|e| e.to_string())?;
+        let cluster = resp.header().map_or(0, |h| h.cluster_id());
+        if resp.succeeded() {
+            return Ok((fresh, cluster));
+        }
+        match resp.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Get(g)) => g
+                .kvs()
+                .first()
+                .map(|kv| (String::from_utf8_lossy(kv.value()).into_owned(), cluster))
+                .ok_or_else(|| "epoch key vanished".to_string()),
+            _ => Err("unexpected answer reading the epoch".into()),
+        }
+    }
+
+    /// Pushes every (component, resource) set of the node's cache that changed since it was
+    /// last pushed; everything again when the coordinator's life changed.
+    async fn sync_once(
+        &self,
+        cache: &Cache,
+        pushed: &mut HashMap<(String, String), Fingerprint>,
+        life: &mut Option<(String, u64)>,
+    ) -> Result<(), String> {
+        let Some((client, storage)) = self.storage.get() else {
+            return Err("not connected".into());
+        };
+        let now_life = self.epoch(client).await?;
+        if life.as_ref() != Some(&now_life) {
+            if life.is_some() {
+                tracing::info!(
+                    epoch = now_life.0,
+                    "coordinator rebuilt or replaced: pushing everything again"
+                );
+            }
+            pushed.clear();
+            let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+            s.full_pushes += 1;
+            s.epoch = now_life.0.clone();
+            s.cluster_id = now_life.1;
+            *life = Some(now_life);
+        }
+        self.healthy.store(true, Ordering::SeqCst);
+        let cache_store = cache.store().clone();
+        let records = tokio::task::spawn_blocking(move || cache_store.scan(b"node\0"))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let mut sets: HashMap<(String, String), Vec<Item>> = HashMap::new();
+        for (key, rec) in records {
+            if rec.deleted || NEVER_PUSHED.contains(&key.gvr.as_str()) {
+                continue;
+            }
+            sets.entry((key.component, key.gvr))
+                .or_default()
+                .push(rec.item);
+        }
+        // Sets that emptied are pushed as empty lists, so their keys go too.
+        for k in pushed.keys() {
+            sets.entry(k.clone()).or_default();
+        }
+        let started = Instant::now();
+        let mut pushed_now = false;
+        for ((component, gvr), items) in sets {
+            let print: Fingerprint = (items.len(), items.iter().map(|i| i.rv).sum());
+            let id = (component.clone(), gvr.clone());
+            if pushed.get(&id) == Some(&print) {
+                continue;
+            }
+            let Some(resource) = resource_of(&gvr) else {
+                continue;
+            };
+            let rv = items.iter().map(|i| i.rv).max().unwrap_or(0);
+            let objects: Vec<Object> = items
+                .iter()
+                .map(|i| Object {
+                    namespace: (!i.namespace.is_empty()).then(|| i.namespace.clone()),
+                    name: i.name.clone(),
+                    rv: i.rv,
+                    value: stored_value(i),
+                })
+                .collect();
+            let r = storage
+                .replace_component_list(&component, &resource, None, rv, &objects)
+                .await
+                .map_err(|e| format!("pushing {component} {gvr}: {e}"))?;
+            pushed.insert(id, print);
+            pushed_now = true;
+            let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+            s.lists_pushed += 1;
+            s.objects_written += r.written as u64;
+        }
+        if pushed_now {
+            let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+            s.last_push_ms = started.elapsed().as_millis() as u64;
+            s.last_error = None;
+        }
+        Ok(())
+    }
+
+    /// Connects (retrying with backoff) and keeps the coordinator in step with the node's
+    /// cache until `stop`.
+    pub async fn run(self: Arc<Self>, cache: Arc<Cache>, mut stop: watch::Receiver<bool>) {
+        let mut backoff = Duration::from_millis(200);
+        // Hubs of a pool start together after a power cut: spread their first push.
+        let jitter = Duration::from_millis(u64::from(store::now() as u32 % 500));
+        tokio::time::sleep(jitter).await;
+        while self.storage.get().is_none() {
+            if let Err(e) = self.connect().await {
+                self.set_error(format!("cannot connect: {e}"));
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+        let mut pushed = HashMap::new();
+        let mut life = None;
+        loop {
+            if let Err(e) = self.sync_once(&cache, &mut pushed, &mut life).await {
+                self.set_error(e);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(SYNC_EVERY) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    }
+
+    /// Answers a get or list for the whole pool from the coordinator.
+    pub async fn serve(
+        &self,
+        info: &RequestInfo,
+        query: &str,
+        accept: &str,
+    ) -> Result<Response<ProxyBody>, String> {
+        if !self.healthy() {
+            return Err("unreachable".into());
+        }
+        let Some((_, storage)) = self.storage.get() else {
+            return Err("not connected".into());
+        };
+        if !info.is_resource || !info.subresource.is_empty() || !matches!(info.verb, "get" | "list")
+        {
+            return Err(format!(
+                "{} is not answered from the coordinator yet",
+                info.verb
+            ));
+        }
+        let resource = Resource {
+            group: info.group.clone(),
+            resource: info.resource.clone(),
+        };
+        let ns = (!info.namespace.is_empty()).then_some(info.namespace.as_str());
+        let values: Vec<Vec<u8>> = if info.verb == "get" {
+            storage
+                .get(&resource, ns, &info.name)
+                .await
+                .map_err(|e| e.to_string())?
+                .map(|(_, v)| vec![v])
+                .unwrap_or_default()
+        } else {
+            storage
+                .list(&resource, ns)
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(|(_, v)| v)
+                .collect()
+        };
+        if values.is_empty() {
+            return Err(format!("the pool holds no {}", info.resource));
+        }
+        let items: Vec<Item> = values
+            .iter()
+            .filter_map(|v| {
+                let enc = if v.starts_with(kproto::MAGIC) {
+                    Encoding::Protobuf
+                } else {
+                    Encoding::Json
+                };
+                objects::parse_object(&info.resource, enc, v).ok()
+            })
+            .collect();
+        let rv = items.iter().map(|i| i.rv).max().unwrap_or(0);
+        answer_from(FROM_COORDINATOR, items, rv, info, query, accept)
+    }
+}

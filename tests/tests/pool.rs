@@ -1,0 +1,212 @@
+//! Issue 8 (first part): hubs push their node's cache into a real etcd coordinator, a hub
+//! serves the whole pool's data from it while the cloud is down, and a wiped coordinator is
+//! refilled by the hubs' re-push.
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    sync::Arc,
+    time::Duration,
+};
+
+use hub_tests::{
+    TempDir,
+    apiserver::{ADMIN_TOKEN, Options, StandIn, client::Client, seed, tls::TestCa},
+    etcd::EtcdCluster,
+    hub::{HubProc, LOOPBACK_NODE, LoopbackHub},
+    ports::free_port,
+    wait_for,
+};
+use serde_json::Value;
+
+struct Node {
+    hub: HubProc,
+    tls: u16,
+    plain: u16,
+    _state: TempDir,
+}
+
+fn start_hub(cloud: &StandIn, pki: &hub_tests::apiserver::tls::HubPki, etcd: &EtcdCluster) -> Node {
+    let state = TempDir::new("pool");
+    let (tls, plain) = (free_port(), free_port());
+    let endpoints: Vec<String> = etcd
+        .endpoints()
+        .iter()
+        .map(|e| format!("\"{e}\""))
+        .collect();
+    let config = LoopbackHub {
+        servers: vec![cloud.url()],
+        ca: Some(&pki.ca),
+        node: Some(&pki.node),
+        serving: Some((&pki.serving.0, &pki.serving.1)),
+        client_ca: Some(&pki.ca),
+        plain,
+        tls: Some(tls),
+        admin: format!("127.0.0.1:{}", free_port()),
+        extra: format!(
+            "poolName: pool-a\ncoordinator:\n  endpoints: [{}]\n",
+            endpoints.join(", ")
+        ),
+    };
+    let dir = state.path().to_path_buf();
+    let hub = HubProc::start_yaml(None, &config.admin.clone(), None, |_, _| config.yaml(&dir));
+    Node {
+        hub,
+        tls,
+        plain,
+        _state: state,
+    }
+}
+
+fn pod_keys(etcd: &EtcdCluster) -> Vec<String> {
+    etcd.etcdctl(
+        &etcd.endpoints(),
+        &["get", "/registry/pods/", "--prefix", "--keys-only"],
+    )
+    .unwrap_or_default()
+    .lines()
+    .filter(|l| !l.is_empty())
+    .map(String::from)
+    .collect()
+}
+
+fn kubectl_plain(port: u16, kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new("kubectl")
+        .arg(format!("--server=http://127.0.0.1:{port}"))
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .stdin(Stdio::null())
+        .output()
+        .expect("kubectl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
+    let mut etcd = EtcdCluster::start(1);
+    let ca = Arc::new(TestCa::new("cloud-ca"));
+    let cloud = StandIn::start_with_ca(
+        "127.0.0.1:0".parse().unwrap(),
+        Options::default(),
+        ca.clone(),
+    )
+    .unwrap();
+    cloud.state.auth.write().unwrap().add_test_identities();
+    seed::base(&cloud.state.store);
+    seed::cluster(&cloud.state.store, 2, 3);
+    let dir = TempDir::new("pool");
+    let pki = ca.write_hub_pki(dir.path(), LOOPBACK_NODE, &[]).unwrap();
+    let nodes: Vec<Node> = (0..2).map(|_| start_hub(&cloud, &pki, &etcd)).collect();
+    let empty_kubeconfig = dir.path().join("empty");
+    std::fs::write(&empty_kubeconfig, "").unwrap();
+
+    // Each node's kubelet lists its own pods through its own hub.
+    for (i, n) in nodes.iter().enumerate() {
+        let kubelet = Client::new(
+            format!("127.0.0.1:{}", n.tls).parse().unwrap(),
+            ca.cert_der(),
+            None,
+            Some(&pki.kubelet),
+        );
+        let r = kubelet
+            .request(
+                "GET",
+                &format!("/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-{i}"),
+                &[
+                    ("User-Agent", "kubelet/v1.32.0"),
+                    ("Accept", "application/json"),
+                ],
+                &[],
+            )
+            .unwrap();
+        assert_eq!(r.status, 200);
+    }
+    // Discovery through node 1's hub while online, as kubectl does on first use.
+    let (ok, _, err) = kubectl_plain(
+        nodes[1].plain,
+        &empty_kubeconfig,
+        &["get", "pods", "-A", "-o", "name"],
+    );
+    assert!(ok, "{err}");
+    let all_six = wait_for(
+        "both nodes' pods in the coordinator",
+        Duration::from_secs(20),
+        || {
+            let keys = pod_keys(&etcd);
+            (keys.len() == 6).then_some(keys)
+        },
+    );
+    assert!(
+        all_six.contains(&"/registry/pods/default/pod-0-0".to_string()),
+        "{all_six:?}"
+    );
+
+    // The cloud goes away: node 1's hub answers with node 0's pods from the coordinator.
+    cloud.stop_listening();
+    for n in &nodes {
+        wait_for(
+            "the hub to see the cloud down",
+            Duration::from_secs(5),
+            || (n.hub.status()["cloud"][0]["healthy"] == false).then_some(()),
+        );
+    }
+    let (ok, out, err) = kubectl_plain(
+        nodes[1].plain,
+        &empty_kubeconfig,
+        &["get", "pods", "-A", "-o", "json"],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("pool coordinator"),
+        "served from the coordinator: {err}"
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let mut names: Vec<&str> = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "pod-0-0", "pod-0-1", "pod-0-2", "pod-1-0", "pod-1-1", "pod-1-2"
+        ]
+    );
+    let status = nodes[1].hub.status();
+    assert!(
+        status["routes"]["coordinator"]["requests"].as_u64() > Some(0),
+        "{status}"
+    );
+    // A pod's own token is not served pool data: the cloud never judged it for it.
+    let pod = Client::new(
+        format!("127.0.0.1:{}", nodes[1].tls).parse().unwrap(),
+        ca.cert_der(),
+        Some(ADMIN_TOKEN),
+        None,
+    );
+    let r = pod.get("/api/v1/pods");
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert!(String::from_utf8_lossy(&r.body).contains("node identity only"));
+
+    // The coordinator is wiped and rebuilt: both hubs push everything again.
+    let epoch = nodes[0].hub.status()["coordinator"]["epoch"].clone();
+    etcd.wipe_member(0);
+    let refilled = wait_for("the hubs to re-push", Duration::from_secs(20), || {
+        let keys = pod_keys(&etcd);
+        (keys.len() == 6).then_some(keys)
+    });
+    assert_eq!(refilled, all_six);
+    for n in &nodes {
+        let c = wait_for("the hub to report the new epoch", Duration::from_secs(10), || {
+            let c = n.hub.status()["coordinator"].clone();
+            (c["epoch"] != epoch).then_some(c)
+        });
+        assert!(c["full_pushes"].as_u64() >= Some(2), "{c}");
+        assert_eq!(c["healthy"], true, "{c}");
+    }
+}
