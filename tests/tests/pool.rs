@@ -202,10 +202,14 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
     });
     assert_eq!(refilled, all_six);
     for n in &nodes {
-        let c = wait_for("the hub to report the new epoch", Duration::from_secs(10), || {
-            let c = n.hub.status()["coordinator"].clone();
-            (c["epoch"] != epoch).then_some(c)
-        });
+        let c = wait_for(
+            "the hub to report the new epoch",
+            Duration::from_secs(10),
+            || {
+                let c = n.hub.status()["coordinator"].clone();
+                (c["epoch"] != epoch).then_some(c)
+            },
+        );
         assert!(c["full_pushes"].as_u64() >= Some(2), "{c}");
         assert_eq!(c["healthy"], true, "{c}");
     }
