@@ -187,11 +187,14 @@ async fn cache_command(command: CacheCommand) -> Result<String, String> {
     let at = match &command {
         CacheCommand::Ls { at, .. } | CacheCommand::Get { at, .. } => at,
     };
-    let local = match Store::open_read_only(&at.dir) {
-        Ok(s) => Some(s),
-        Err(StoreError::InUse { .. }) => None,
+    // The file directly when no daemon holds it; otherwise (or when there is no store at
+    // --dir) the running hub's admin port.
+    let (local, why_not_local) = match Store::open_read_only(&at.dir) {
+        Ok(s) => (Some(s), String::new()),
+        Err(e @ (StoreError::InUse { .. } | StoreError::Missing { .. })) => (None, e.to_string()),
         Err(e) => return Err(e.to_string()),
     };
+    let from_admin = |e: admin::AdminClientError| format!("{why_not_local}; and {e}");
     let enc = |s: &str| {
         s.replace('%', "%25")
             .replace('&', "%26")
@@ -213,9 +216,7 @@ async fn cache_command(command: CacheCommand) -> Result<String, String> {
                         enc(component.unwrap_or("")),
                         enc(resource.as_deref().unwrap_or(""))
                     );
-                    let body = admin::fetch(at.admin, &q)
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    let body = admin::fetch(at.admin, &q).await.map_err(from_admin)?;
                     serde_json::from_slice(&body).map_err(|e| e.to_string())?
                 }
             };
@@ -234,9 +235,7 @@ async fn cache_command(command: CacheCommand) -> Result<String, String> {
                         enc(key),
                         enc(component.unwrap_or(""))
                     );
-                    let body = admin::fetch(at.admin, &q)
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    let body = admin::fetch(at.admin, &q).await.map_err(from_admin)?;
                     serde_json::from_slice(&body).map_err(|e| e.to_string())?
                 }
             };

@@ -206,13 +206,18 @@ impl HubProc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn status_cmd(&self) -> Command {
+    /// `hub ARGS…` in the hub's namespace (so it reaches the admin port), with `--admin`.
+    pub fn cli(&self, args: &[&str]) -> Command {
         let mut c = match &self.ns {
             Some(h) => h.command(hub_bin()),
             None => Command::new(hub_bin()),
         };
-        c.args(["status", "--output", "json", "--admin", &self.admin]);
+        c.args(args).args(["--admin", &self.admin]);
         c
+    }
+
+    fn status_cmd(&self) -> Command {
+        self.cli(&["status", "--output", "json"])
     }
 
     pub fn try_status(&self) -> Option<Value> {

@@ -351,7 +351,7 @@ fn kubectl_through_the_intercepted_vip_keeps_its_own_identity() {
     let d = dir.path().display();
     let hub = HubProc::start_yaml(Some(&ns), "127.0.0.1:10267", None, |pin, cache| {
         format!(
-            "nodeName: test-node\ncloud:\n  servers: [\"https://{cloud}\"]\n  caFile: {d}/ca.crt\n  certFile: {d}/hub-node.crt\n  keyFile: {d}/hub-node.key\nintercept:\n  cgroupPath: {}\n  hubAddress: 127.0.0.1\n  vips: [\"{cloud}\"]\n  pinPath: {}\ntls:\n  certFile: {d}/hub-serving.crt\n  keyFile: {d}/hub-serving.key\n  clientCaFile: {d}/ca.crt\nlisten:\n  tlsProxy: 127.0.0.1:10268\ncache:\n  dir: {}\n",
+            "nodeName: test-node\ncloud:\n  servers: [\"https://{cloud}\"]\n  caFile: {d}/ca.crt\n  certFile: {d}/hub-node.crt\n  keyFile: {d}/hub-node.key\nintercept:\n  cgroupPath: {}\n  hubAddress: 127.0.0.1\n  vips: [\"{cloud}\"]\n  pinPath: {}\ntls:\n  certFile: {d}/hub-serving.crt\n  keyFile: {d}/hub-serving.key\n  clientCaFile: {d}/ca.crt\nlisten:\n  tlsProxy: 127.0.0.1:10268\ncache:\n  dir: {}\n  components: [kubectl]\n",
             cg.path().display(),
             pin.display(),
             cache.display()
@@ -422,6 +422,21 @@ fn kubectl_through_the_intercepted_vip_keeps_its_own_identity() {
     assert!(!rec.is_empty(), "{status}");
     assert_eq!(rec[0]["original_dst"], cloud);
     assert_eq!(rec[0]["cgroup_id"].as_u64(), Some(cg.id()));
+    // Its cached list is kept under kubectl *in that cgroup* (design.md §6).
+    let entries: Value = serde_json::from_str(&process::output(
+        hub.cli(&["cache", "ls", "--output", "json", "--dir", "/nonexistent"]),
+        "hub cache ls",
+    ))
+    .unwrap();
+    let component = format!("kubectl@cgroup-{}", cg.id());
+    assert!(
+        entries
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["component"] == component.as_str() && e["kind"] == "Pod"),
+        "{entries}"
+    );
 
     // A kubelet-style client certificate through the VIP: forwarded as the node.
     let mut curl = ns.command("curl");

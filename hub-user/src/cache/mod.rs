@@ -73,6 +73,18 @@ pub fn component_name(user_agent: &str) -> String {
     }
 }
 
+/// The component a request's cache entries belong to: its User-Agent name, and its cgroup
+/// where interception knows it (`kubectl@cgroup-4242`), so two pods running the same client
+/// keep separate sets and one's list never replaces the other's.
+pub fn component_key(user_agent: &str, cgroup_id: u64) -> String {
+    let name = component_name(user_agent);
+    if cgroup_id == 0 {
+        name
+    } else {
+        format!("{name}@cgroup-{cgroup_id}")
+    }
+}
+
 /// What `hub status` shows about the cache.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CacheStatus {
@@ -182,8 +194,11 @@ impl Cache {
         self.store.close();
     }
 
+    /// Whether answers for `component` (a `component_key`) are cached: cache.components
+    /// names clients by their User-Agent name.
     pub fn caches_component(&self, component: &str) -> bool {
-        self.components.iter().any(|c| c == component)
+        let name = component.split('@').next().unwrap_or_default();
+        self.components.iter().any(|c| c == name)
     }
 
     /// Wraps a 200 answer from the cloud so a copy reaches the store; other answers pass
@@ -314,6 +329,12 @@ mod tests {
         assert_eq!(component_name("Kube-Proxy/1.0"), "kube-proxy");
         assert_eq!(component_name("../../etc\0/x"), "..");
         assert_eq!(component_name(""), "unknown");
+    }
+
+    #[test]
+    fn component_keys_carry_the_cgroup_when_known() {
+        assert_eq!(component_key("kubectl/v1.32", 0), "kubectl");
+        assert_eq!(component_key("kubectl/v1.32", 4242), "kubectl@cgroup-4242");
     }
 
     #[test]

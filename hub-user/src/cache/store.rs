@@ -53,6 +53,8 @@ pub enum StoreError {
     },
     #[error("cache store {path} is in use by a running hub")]
     InUse { path: PathBuf },
+    #[error("no cache store at {path}")]
+    Missing { path: PathBuf },
     #[error("cache store {path} cannot be opened (corrupt?): {reason}")]
     Open { path: PathBuf, reason: String },
     #[error("cache store: {0}")]
@@ -351,10 +353,7 @@ impl Store {
     pub fn open_read_only(dir: &Path) -> Result<Store, StoreError> {
         let path = dir.join(FILE);
         if !path.exists() {
-            return Err(StoreError::Open {
-                path,
-                reason: "no such file".into(),
-            });
+            return Err(StoreError::Missing { path });
         }
         let db = match Database::builder()
             .set_cache_size(PAGE_CACHE_BYTES)

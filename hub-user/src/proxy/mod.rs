@@ -61,6 +61,8 @@ struct Conn {
     listener: Listener,
     /// (CN, O...) of a client certificate verified against tls.clientCaFile.
     cert: Option<(String, Vec<String>)>,
+    /// The client's cgroup, when interception recorded where the connection came from.
+    cgroup_id: u64,
 }
 
 pub struct Proxy {
@@ -121,6 +123,7 @@ impl Proxy {
                         id: next_id,
                         listener: kind,
                         cert: None,
+                        cgroup_id: origin.map_or(0, |o| o.cgroup_id),
                     };
                     match tls {
                         Some(acceptor) => {
@@ -202,7 +205,7 @@ impl Proxy {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         let component = component(user_agent);
-        let component_name = cache::component_name(user_agent);
+        let component_name = cache::component_key(user_agent, conn.cgroup_id);
         let who = match self.identity(&req, conn) {
             Ok(w) => w,
             Err(cn) => {
