@@ -55,6 +55,28 @@ pub fn probe_bin() -> PathBuf {
     std::env::var_os("HUB_PROBE_BIN").map_or_else(|| bin_dir().join("hub-probe"), PathBuf::from)
 }
 
+/// Runs kubectl with `KUBECONFIG=kubeconfig` and no stdin: (success, stdout, stderr).
+pub fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new("kubectl")
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("kubectl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// kubectl that must succeed; its stdout.
+pub fn kubectl_ok(kubeconfig: &std::path::Path, args: &[&str]) -> String {
+    let (ok, out, err) = kubectl(kubeconfig, args);
+    assert!(ok, "kubectl {}: {err}", args.join(" "));
+    out
+}
+
 /// Polls `check` until it returns Some or the deadline passes (then panics naming `what`).
 pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;

@@ -11,7 +11,7 @@ use hub_tests::{
     apiserver::{
         ADMIN_TOKEN, Options, StandIn, auth::Rule, client::Client, faults::FaultSettings, seed,
     },
-    wait_for,
+    kubectl, kubectl_ok, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -21,26 +21,6 @@ fn standin(options: Options) -> StandIn {
 
 fn admin(s: &StandIn) -> Client {
     Client::new(s.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None)
-}
-
-fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new("kubectl")
-        .args(args)
-        .env("KUBECONFIG", kubeconfig)
-        .stdin(Stdio::null())
-        .output()
-        .expect("kubectl");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn kubectl_ok(kc: &std::path::Path, args: &[&str]) -> String {
-    let (ok, out, err) = kubectl(kc, args);
-    assert!(ok, "kubectl {}: {err}", args.join(" "));
-    out
 }
 
 fn kubectl_stdin(kc: &std::path::Path, args: &[&str], input: &str) -> String {

@@ -6,7 +6,7 @@ use std::{
     collections::BTreeSet,
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -22,7 +22,7 @@ use hub_tests::{
         write_kubeconfig,
     },
     hub::{HubProc, LOOPBACK_NODE, LoopbackHub},
-    hub_bin,
+    hub_bin, kubectl, kubectl_ok,
     ports::free_port,
     privileged, wait_for,
 };
@@ -146,26 +146,6 @@ impl Setup {
             || (hub.status()["cloud"][0]["healthy"] == false).then_some(()),
         );
     }
-}
-
-fn kubectl(kc: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new("kubectl")
-        .args(args)
-        .env("KUBECONFIG", kc)
-        .stdin(Stdio::null())
-        .output()
-        .expect("kubectl");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn kubectl_ok(kc: &Path, args: &[&str]) -> String {
-    let (ok, out, err) = kubectl(kc, args);
-    assert!(ok, "kubectl {}: {err}", args.join(" "));
-    out
 }
 
 fn names(list_json: &str) -> BTreeSet<String> {

@@ -1,18 +1,14 @@
 //! Issue 8 (first part): hubs push their node's cache into a real etcd coordinator, a hub
 //! serves the whole pool's data from it while the cloud is down, and a wiped coordinator is
 //! refilled by the hubs' re-push.
-use std::{
-    path::Path,
-    process::{Command, Stdio},
-    sync::Arc,
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use hub_tests::{
     TempDir,
     apiserver::{ADMIN_TOKEN, Options, StandIn, client::Client, seed, tls::TestCa},
     etcd::EtcdCluster,
     hub::{HubProc, LOOPBACK_NODE, LoopbackHub},
+    kubectl,
     ports::free_port,
     wait_for,
 };
@@ -69,21 +65,6 @@ fn pod_keys(etcd: &EtcdCluster) -> Vec<String> {
     .collect()
 }
 
-fn kubectl_plain(port: u16, kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new("kubectl")
-        .arg(format!("--server=http://127.0.0.1:{port}"))
-        .args(args)
-        .env("KUBECONFIG", kubeconfig)
-        .stdin(Stdio::null())
-        .output()
-        .expect("kubectl");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
     let mut etcd = EtcdCluster::start(1);
@@ -100,6 +81,7 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
     let dir = TempDir::new("pool");
     let pki = ca.write_hub_pki(dir.path(), LOOPBACK_NODE, &[]).unwrap();
     let nodes: Vec<Node> = (0..2).map(|_| start_hub(&cloud, &pki, &etcd)).collect();
+    let plain_server = format!("--server=http://127.0.0.1:{}", nodes[1].plain);
     let empty_kubeconfig = dir.path().join("empty");
     std::fs::write(&empty_kubeconfig, "").unwrap();
 
@@ -125,10 +107,9 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
         assert_eq!(r.status, 200);
     }
     // Discovery through node 1's hub while online, as kubectl does on first use.
-    let (ok, _, err) = kubectl_plain(
-        nodes[1].plain,
+    let (ok, _, err) = kubectl(
         &empty_kubeconfig,
-        &["get", "pods", "-A", "-o", "name"],
+        &[&plain_server, "get", "pods", "-A", "-o", "name"],
     );
     assert!(ok, "{err}");
     let all_six = wait_for(
@@ -153,10 +134,9 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
             || (n.hub.status()["cloud"][0]["healthy"] == false).then_some(()),
         );
     }
-    let (ok, out, err) = kubectl_plain(
-        nodes[1].plain,
+    let (ok, out, err) = kubectl(
         &empty_kubeconfig,
-        &["get", "pods", "-A", "-o", "json"],
+        &[&plain_server, "get", "pods", "-A", "-o", "json"],
     );
     assert!(ok, "{err}");
     assert!(

@@ -78,6 +78,78 @@ fn intercept(rounds: usize) -> Result<()> {
     Ok(())
 }
 
+/// The client component the benchmarks speak as; hubs cache it, so answers through the hub
+/// are also written to its cache (caching on, as in production).
+pub const COMPONENT: &str = "bench-client";
+
+pub type Http = hyper_util::client::legacy::Client<
+    hub::upstream::connect::MarkedConnector,
+    hub::upstream::cloud::ProxyBody,
+>;
+
+/// A release stand-in process and a release hub in front of it (TLS listener, caching the
+/// benchmark's component), and an HTTP/2 client trusting both.
+pub struct Stack {
+    pub standin: hub_tests::process::Proc,
+    pub hub: HubProc,
+    pub client: Http,
+    /// `https://127.0.0.1:<port>` of the stand-in and of the hub.
+    pub direct: String,
+    pub via: String,
+    /// The hub's config, to start it again (same cache).
+    pub yaml: String,
+    pub admin: String,
+    /// The stand-in's PKI and the hub's cache; removed last.
+    _dir: hub_tests::TempDir,
+}
+
+impl Stack {
+    /// `standin_args`: seed flags for hub-apiserver (`--nodes`, `--pods-per-node`, …).
+    pub fn start(tag: &str, standin_args: &[&str]) -> Result<Stack> {
+        use std::time::Duration;
+
+        use hub_tests::{TempDir, ports::free_port, process::Proc};
+        let dir = TempDir::new(tag);
+        let cloud_port = free_port();
+        let mut cmd =
+            std::process::Command::new(hub_tests::bin_dir().join("../release/hub-apiserver"));
+        cmd.args(["--listen", &format!("127.0.0.1:{cloud_port}")])
+            .args(standin_args)
+            .args(["--hub-pki", "bench-node", "--dir"])
+            .arg(dir.path());
+        let standin =
+            Proc::spawn_until_line(cmd, "hub-apiserver", "ready", Duration::from_secs(60));
+        let p = |f: &str| dir.path().join(f);
+        let (tls_port, admin_port, plain_port) = (free_port(), free_port(), free_port());
+        let admin = format!("127.0.0.1:{admin_port}");
+        let yaml = format!(
+            "nodeName: bench-node\ncloud:\n  servers: [\"https://127.0.0.1:{cloud_port}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\ncache:\n  dir: {}\n  components: [{COMPONENT}]\n",
+            p("ca.crt").display(),
+            p("hub-node.crt").display(),
+            p("hub-node.key").display(),
+            p("hub-serving.crt").display(),
+            p("hub-serving.key").display(),
+            p("cache").display()
+        );
+        let hub = HubProc::start_yaml(None, &admin, None, |_, _| yaml.clone());
+        let roots = hub::upstream::identity::roots(&std::fs::read(p("ca.crt"))?, "stand-in CA")?;
+        let tls = hub::upstream::identity::client_config(&roots, None, &[b"h2"])?;
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build(hub::upstream::connect::MarkedConnector { tls, mark: 0 });
+        Ok(Stack {
+            standin,
+            hub,
+            client,
+            direct: format!("https://127.0.0.1:{cloud_port}"),
+            via: format!("https://127.0.0.1:{tls_port}"),
+            yaml,
+            admin,
+            _dir: dir,
+        })
+    }
+}
+
 pub fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status

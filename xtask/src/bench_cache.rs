@@ -4,32 +4,19 @@
 //! fast a frozen and a dead cloud are replaced by the cache (and how many requests fail
 //! meanwhile), how fast traffic returns, and time from an offline start to the first
 //! cached answer.
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
-use hub::upstream::{
-    cloud::ProxyBody,
-    connect::MarkedConnector,
-    identity::{client_config, roots},
-};
-use hub_tests::{TempDir, apiserver::ADMIN_TOKEN, hub::HubProc, ports::free_port, process::Proc};
+use hub_tests::{apiserver::ADMIN_TOKEN, hub::HubProc};
 use hyper::Request;
-use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use serde_json::Value;
 
-use crate::bench::rss_kib;
-
-type Http = Client<MarkedConnector, ProxyBody>;
+use crate::bench::{COMPONENT, Http, Stack, rss_kib};
 
 /// As kubelet asks: protobuf, JSON acceptable.
 const PROTOBUF: &str = "application/vnd.kubernetes.protobuf, application/json";
-/// The User-Agent of the benchmark's client; the hub caches this component.
-const COMPONENT: &str = "bench-client";
 
 struct Answer {
     status: u16,
@@ -118,65 +105,39 @@ async fn across(
 
 pub fn cache(rounds: usize) -> Result<()> {
     let rounds = rounds.clamp(5, 50);
-    let dir = TempDir::new("bc");
-    let cloud_port = free_port();
-    let mut cmd = Command::new(hub_tests::bin_dir().join("../release/hub-apiserver"));
-    cmd.args([
-        "--listen",
-        &format!("127.0.0.1:{cloud_port}"),
-        "--nodes",
-        "10",
-        "--pods-per-node",
-        "1000",
-    ])
-    .args(["--hub-pki", "bench-node", "--dir"])
-    .arg(dir.path());
-    let standin = Proc::spawn_until_line(cmd, "hub-apiserver", "ready", Duration::from_secs(60));
-    let p = |f: &str| dir.path().join(f);
-    let (tls_port, admin_port, plain_port) = (free_port(), free_port(), free_port());
-    let admin = format!("127.0.0.1:{admin_port}");
-    let cache_dir = dir.path().join("cache");
-    let yaml = format!(
-        "nodeName: bench-node\ncloud:\n  servers: [\"https://127.0.0.1:{cloud_port}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\ncache:\n  dir: {}\n  components: [{COMPONENT}]\n",
-        p("ca.crt").display(),
-        p("hub-node.crt").display(),
-        p("hub-node.key").display(),
-        p("hub-serving.crt").display(),
-        p("hub-serving.key").display(),
-        cache_dir.display()
+    let mut stack = Stack::start("bc", &["--nodes", "10", "--pods-per-node", "1000"])?;
+    let (client, direct, via) = (
+        stack.client.clone(),
+        stack.direct.clone(),
+        stack.via.clone(),
     );
-    let mut hub = HubProc::start_yaml(None, &admin, None, |_, _| yaml.clone());
+    let (client, direct, via) = (&client, &direct, &via);
+    let standin = stack.standin.pid();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let roots = roots(&std::fs::read(p("ca.crt"))?, "stand-in CA")?;
-    let tls = client_config(&roots, None, &[b"h2"])?;
-    let client: Http =
-        Client::builder(TokioExecutor::new()).build(MarkedConnector { tls, mark: 0 });
-    let direct = format!("https://127.0.0.1:{cloud_port}");
-    let via = format!("https://127.0.0.1:{tls_port}");
     let all = "/api/v1/namespaces/default/pods";
     let one_k = "/api/v1/namespaces/default/pods?fieldSelector=spec.nodeName%3Dnode-3";
     let pod = "/api/v1/namespaces/default/pods/pod-3-7";
     let mib = |kib: u64| kib as f64 / 1024.0;
 
     println!("bench cache: release stand-in with 10k pods over TLS (HTTP/2), release hub");
-    let idle = rss_kib(hub.proc.pid()).unwrap_or(0);
+    let idle = rss_kib(stack.hub.proc.pid()).unwrap_or(0);
 
     // Writes: 1k pods, then a 10k-pod protobuf list (as kubelet asks).
-    let written0 = applied(&hub);
-    let a = rt.block_on(get(&client, &format!("{via}{one_k}"), PROTOBUF))?;
-    wait_written(&hub, written0, 1000)?;
-    let rss_1k = rss_kib(hub.proc.pid()).unwrap_or(0);
+    let written0 = applied(&stack.hub);
+    let a = rt.block_on(get(client, &format!("{via}{one_k}"), PROTOBUF))?;
+    wait_written(&stack.hub, written0, 1000)?;
+    let rss_1k = rss_kib(stack.hub.proc.pid()).unwrap_or(0);
     let pb_1k_bytes = a.bytes;
-    let written1 = applied(&hub);
+    let written1 = applied(&stack.hub);
     let started = Instant::now();
-    let a = rt.block_on(get(&client, &format!("{via}{all}"), PROTOBUF))?;
+    let a = rt.block_on(get(client, &format!("{via}{all}"), PROTOBUF))?;
     let listed = started.elapsed();
-    let stored = listed + wait_written(&hub, written1, 10_000)?;
+    let stored = listed + wait_written(&stack.hub, written1, 10_000)?;
     let pb_10k_bytes = a.bytes;
-    let rss_10k = rss_kib(hub.proc.pid()).unwrap_or(0);
-    let file_bytes = cache_status(&hub)["file_bytes"].as_u64().unwrap_or(0);
+    let rss_10k = rss_kib(stack.hub.proc.pid()).unwrap_or(0);
+    let file_bytes = cache_status(&stack.hub)["file_bytes"].as_u64().unwrap_or(0);
 
     // LIST 10k protobuf online: direct and through the hub (teeing), interleaved.
     let (mut d, mut h) = (Vec::new(), Vec::new());
@@ -189,7 +150,7 @@ pub fn cache(rounds: usize) -> Result<()> {
             };
             for base in order {
                 let t = Instant::now();
-                let a = get(&client, &format!("{base}{all}"), PROTOBUF).await?;
+                let a = get(client, &format!("{base}{all}"), PROTOBUF).await?;
                 anyhow::ensure!(a.status == 200 && !a.cached);
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 if base == &direct {
@@ -205,9 +166,9 @@ pub fn cache(rounds: usize) -> Result<()> {
 
     // The cloud freezes (SIGSTOP) during 1k-pod lists: first cached answer, failures.
     let (to_cache_frozen, failed_frozen) = rt.block_on(across(
-        &client,
+        client,
         &format!("{via}{one_k}"),
-        || signal(standin.pid(), libc::SIGSTOP),
+        || signal(standin, libc::SIGSTOP),
         |a| a.status == 200 && a.cached,
     ))?;
     // LIST 10k protobuf from the cache.
@@ -215,7 +176,7 @@ pub fn cache(rounds: usize) -> Result<()> {
     rt.block_on(async {
         for _ in 0..rounds {
             let t = Instant::now();
-            let a = get(&client, &format!("{via}{all}"), PROTOBUF).await?;
+            let a = get(client, &format!("{via}{all}"), PROTOBUF).await?;
             anyhow::ensure!(
                 a.status == 200 && a.cached,
                 "not from the cache: {}",
@@ -226,16 +187,16 @@ pub fn cache(rounds: usize) -> Result<()> {
         anyhow::Ok(())
     })?;
     let cached_10k = p50(&mut c);
-    let rss_served = rss_kib(hub.proc.pid()).unwrap_or(0);
+    let rss_served = rss_kib(stack.hub.proc.pid()).unwrap_or(0);
 
     // Offline restart: the hub starts while the cloud is frozen; first cached answer.
-    drop(hub);
+    stack.hub.proc.terminate(Duration::from_secs(5));
     let t = Instant::now();
-    hub = HubProc::start_yaml(None, &admin, None, |_, _| yaml.clone());
+    stack.hub = HubProc::start_yaml(None, &stack.admin, None, |_, _| stack.yaml.clone());
     let first = rt.block_on(async {
         loop {
             // The first try may hit the pooled connection to the hub that was stopped.
-            let r = get(&client, &format!("{via}{pod}"), PROTOBUF).await;
+            let r = get(client, &format!("{via}{pod}"), PROTOBUF).await;
             if let Ok(a) = r
                 && a.status == 200
             {
@@ -247,16 +208,16 @@ pub fn cache(rounds: usize) -> Result<()> {
 
     // The cloud comes back (SIGCONT): traffic returns to it.
     let (back, failed_back) = rt.block_on(across(
-        &client,
+        client,
         &format!("{via}{one_k}"),
-        || signal(standin.pid(), libc::SIGCONT),
+        || signal(standin, libc::SIGCONT),
         |a| a.status == 200 && !a.cached,
     ))?;
     // The cloud dies (SIGKILL) during 1k-pod lists.
     let (to_cache_dead, failed_dead) = rt.block_on(across(
-        &client,
+        client,
         &format!("{via}{one_k}"),
-        || signal(standin.pid(), libc::SIGKILL),
+        || signal(standin, libc::SIGKILL),
         |a| a.status == 200 && a.cached,
     ))?;
 
@@ -334,6 +295,5 @@ pub fn cache(rounds: usize) -> Result<()> {
         "offline start (10k cached) -> first cached answer",
         format!("{:.0} ms", first.as_secs_f64() * 1e3),
     );
-    drop(hub);
     Ok(())
 }

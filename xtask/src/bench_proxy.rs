@@ -7,18 +7,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
-use hub::upstream::{
-    cloud::ProxyBody,
-    connect::MarkedConnector,
-    identity::{client_config, roots},
-};
-use hub_tests::{TempDir, apiserver::ADMIN_TOKEN, hub::HubProc, ports::free_port, process::Proc};
+use hub_tests::apiserver::ADMIN_TOKEN;
 use hyper::Request;
-use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 
-use crate::bench::rss_kib;
-
-type Http = Client<MarkedConnector, ProxyBody>;
+use crate::bench::{COMPONENT, Http, Stack, rss_kib};
 
 fn percentile(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -28,10 +20,6 @@ fn percentile(v: &mut [f64], q: f64) -> f64 {
 async fn get(client: &Http, url: &str) -> Result<Bytes> {
     get_as(client, url, "application/json").await
 }
-
-/// The benchmark client's User-Agent: the hub caches this component, so every answer
-/// through the hub is also written to its cache (caching on, as in production).
-const COMPONENT: &str = "bench-client";
 
 async fn get_as(client: &Http, url: &str, accept: &str) -> Result<Bytes> {
     let req = Request::get(url)
@@ -74,51 +62,29 @@ fn row(name: &str, direct: f64, hub: f64, unit: &str) {
 
 pub fn proxy(rounds: usize) -> Result<()> {
     // The stand-in runs as its own release-built process, like a real apiserver would.
-    let dir = TempDir::new("bp");
-    let cloud_port = free_port();
-    let mut cmd = std::process::Command::new(hub_tests::bin_dir().join("../release/hub-apiserver"));
-    cmd.args([
-        "--listen",
-        &format!("127.0.0.1:{cloud_port}"),
-        "--nodes",
-        "10",
-        "--pods-per-node",
-        "100",
-    ])
-    .args(["--configmaps", "10000", "--hub-pki", "bench-node", "--dir"])
-    .arg(dir.path());
-    let _standin = Proc::spawn_until_line(cmd, "hub-apiserver", "ready", Duration::from_secs(20));
-    let p = |f: &str| dir.path().join(f);
-    let (tls_port, admin_port, plain_port) = (free_port(), free_port(), free_port());
-    let admin = format!("127.0.0.1:{admin_port}");
-    let hub = HubProc::start_yaml(None, &admin, None, |_, cache| {
-        format!(
-            "nodeName: bench-node\ncloud:\n  servers: [\"https://127.0.0.1:{cloud_port}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\ncache:\n  dir: {}\n  components: [{COMPONENT}]\n",
-            p("ca.crt").display(),
-            p("hub-node.crt").display(),
-            p("hub-node.key").display(),
-            p("hub-serving.crt").display(),
-            p("hub-serving.key").display(),
-            cache.display()
-        )
-    });
+    let stack = Stack::start(
+        "bp",
+        &[
+            "--nodes",
+            "10",
+            "--pods-per-node",
+            "100",
+            "--configmaps",
+            "10000",
+        ],
+    )?;
+    let (client, direct, via, hub) = (&stack.client, &stack.direct, &stack.via, &stack.hub);
     let idle_rss = rss_kib(hub.proc.pid()).unwrap_or(0);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let roots = roots(&std::fs::read(p("ca.crt"))?, "stand-in CA")?;
-    let tls = client_config(&roots, None, &[b"h2"])?;
-    let client: Http =
-        Client::builder(TokioExecutor::new()).build(MarkedConnector { tls, mark: 0 });
-    let direct = format!("https://127.0.0.1:{cloud_port}");
-    let via = format!("https://127.0.0.1:{tls_port}");
     let pod = "/api/v1/namespaces/default/pods/pod-3-42";
     let list = "/api/v1/namespaces/default/pods";
 
     rt.block_on(async {
         for base in [&direct, &via] {
             for _ in 0..50 {
-                get(&client, &format!("{base}{pod}")).await?;
+                get(client, &format!("{base}{pod}")).await?;
             }
         }
         // GET one pod, interleaved.
@@ -127,7 +93,7 @@ pub fn proxy(rounds: usize) -> Result<()> {
             let order = if i % 2 == 0 { [&direct, &via] } else { [&via, &direct] };
             for base in order {
                 let t = Instant::now();
-                get(&client, &format!("{base}{pod}")).await?;
+                get(client, &format!("{base}{pod}")).await?;
                 let us = t.elapsed().as_secs_f64() * 1e6;
                 if base == &direct { d.push(us) } else { h.push(us) }
             }
@@ -143,7 +109,7 @@ pub fn proxy(rounds: usize) -> Result<()> {
             let order = if i % 2 == 0 { [&direct, &via] } else { [&via, &direct] };
             for base in order {
                 let t = Instant::now();
-                let body = get(&client, &format!("{base}{list}")).await?;
+                let body = get(client, &format!("{base}{list}")).await?;
                 bytes = body.len();
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 if base == &direct { d.push(ms) } else { h.push(ms) }
@@ -155,7 +121,7 @@ pub fn proxy(rounds: usize) -> Result<()> {
             let order = if i % 2 == 0 { [&direct, &via] } else { [&via, &direct] };
             for base in order {
                 let t = Instant::now();
-                let body = get_as(&client, &format!("{base}{list}"), "application/vnd.kubernetes.protobuf").await?;
+                let body = get_as(client, &format!("{base}{list}"), "application/vnd.kubernetes.protobuf").await?;
                 bytes = body.len();
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 if base == &direct { d.push(ms) } else { h.push(ms) }
@@ -168,8 +134,8 @@ pub fn proxy(rounds: usize) -> Result<()> {
         let mut d = Vec::new();
         let mut h = Vec::new();
         for _ in 0..3 {
-            d.push(10_000.0 / watch(&client, &format!("{direct}{path}"), 10_000).await?.as_secs_f64());
-            h.push(10_000.0 / watch(&client, &format!("{via}{path}"), 10_000).await?.as_secs_f64());
+            d.push(10_000.0 / watch(client, &format!("{direct}{path}"), 10_000).await?.as_secs_f64());
+            h.push(10_000.0 / watch(client, &format!("{via}{path}"), 10_000).await?.as_secs_f64());
         }
         row("watch 10k events", percentile(&mut d, 0.5), percentile(&mut h, 0.5), "events/s (higher is better)");
         anyhow::Ok(())

@@ -162,6 +162,19 @@ fn latest(records: Vec<(ObjectKey, Record)>) -> Vec<Latest> {
     out
 }
 
+/// The kind of the objects in a scope ("" when none is cached).
+fn kind_of(objects: &[Latest]) -> String {
+    objects
+        .iter()
+        .find_map(|l| {
+            l.json
+                .as_ref()
+                .or(l.protobuf.as_ref())
+                .map(|i| i.kind.clone())
+        })
+        .unwrap_or_default()
+}
+
 /// Chooses the encoding that can answer with the most objects (ties: the client's order).
 fn choose(objects: &[&Latest], prefs: &[Encoding]) -> Option<(Encoding, usize)> {
     prefs
@@ -483,15 +496,7 @@ fn render_list(
         Ok(s) => s,
         Err(msg) => return Ok(bad_request(&msg)),
     };
-    let kind = objects
-        .iter()
-        .find_map(|l| {
-            l.json
-                .as_ref()
-                .or(l.protobuf.as_ref())
-                .map(|i| i.kind.clone())
-        })
-        .unwrap_or_default();
+    let kind = kind_of(&objects);
     let selected: Vec<&Latest> = objects
         .iter()
         .filter(|l| !l.deleted)
@@ -676,15 +681,7 @@ async fn watch(
     let initial = from == 0 || param(&query, "sendInitialEvents") == "true";
     let bookmarks = param(&query, "allowWatchBookmarks") == "true";
     let av = api_version(&info);
-    let kind = objects
-        .iter()
-        .find_map(|l| {
-            l.json
-                .as_ref()
-                .or(l.protobuf.as_ref())
-                .map(|i| i.kind.clone())
-        })
-        .unwrap_or_default();
+    let kind = kind_of(&objects);
     // What happened after `from`, as far as the cache knows: live objects as MODIFIED (or
     // ADDED for a fresh start), deletions as DELETED.
     let mut first: Vec<Bytes> = Vec::new();
