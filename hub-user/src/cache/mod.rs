@@ -188,6 +188,14 @@ impl Cache {
         self.writer.flush();
     }
 
+    /// Changes whenever the store's objects change (a write or a deletion was applied,
+    /// offline writes included): lets a reader skip re-reading an unchanged store.
+    pub fn generation(&self) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = &self.stats;
+        s.written.load(Relaxed) + s.deleted.load(Relaxed) + s.offline_accepted.load(Relaxed)
+    }
+
     /// Stores what is pending and closes the store cleanly (SIGTERM).
     pub fn close(&self) {
         self.writer.flush();

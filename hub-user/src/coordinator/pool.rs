@@ -188,6 +188,7 @@ impl Pool {
         cache: &Cache,
         pushed: &mut HashMap<(String, String), Fingerprint>,
         life: &mut Option<(String, u64)>,
+        seen_generation: &mut Option<u64>,
     ) -> Result<(), String> {
         let Some((client, storage)) = self.storage.get() else {
             return Err("not connected".into());
@@ -208,6 +209,11 @@ impl Pool {
             *life = Some(now_life);
         }
         self.healthy.store(true, Ordering::SeqCst);
+        // Nothing changed in the cache since everything was pushed: nothing to read.
+        let generation = cache.generation();
+        if *seen_generation == Some(generation) && !pushed.is_empty() {
+            return Ok(());
+        }
         let cache_store = cache.store().clone();
         let records = tokio::task::spawn_blocking(move || cache_store.scan(b"node\0"))
             .await
@@ -262,6 +268,7 @@ impl Pool {
             s.last_push_ms = started.elapsed().as_millis() as u64;
             s.last_error = None;
         }
+        *seen_generation = Some(generation);
         Ok(())
     }
 
@@ -283,9 +290,12 @@ impl Pool {
             }
         }
         let mut pushed = HashMap::new();
-        let mut life = None;
+        let (mut life, mut generation) = (None, None);
         loop {
-            if let Err(e) = self.sync_once(&cache, &mut pushed, &mut life).await {
+            if let Err(e) = self
+                .sync_once(&cache, &mut pushed, &mut life, &mut generation)
+                .await
+            {
                 self.set_error(e);
             }
             tokio::select! {
