@@ -225,10 +225,11 @@ impl Proxy {
             cloud_healthy: self.cloud.healthy(),
             cloud_unknown: !self.cloud.health_known(),
             coordinator_healthy: self.pool.as_ref().is_some_and(|p| p.healthy()),
-            leader: false,
-            // No pool leader syncs pool-scope resources yet (issue 8): while the cloud is
-            // up they come from the cloud, not from what hubs last pushed.
-            pool_scope: false,
+            // No leader election yet (issue 8): every hub reads pool-scope resources from
+            // the cloud itself while it is up, as the leader would, rather than from what
+            // hubs last pushed.
+            leader: true,
+            pool_scope: info.is_resource && self.pool_scope.iter().any(|p| *p == info.gvr()),
             cloud_only: !info.is_read(),
         };
         let streaming = info.verb == "watch"
