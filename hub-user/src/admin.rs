@@ -261,7 +261,20 @@ pub fn render(s: &StatusReport) -> String {
             );
         }
     }
-    let _ = writeln!(out, "role:         follower (no pool)");
+    let role = match &s.coordinator {
+        Some(c) if !c.role.is_empty() => format!(
+            "{} (pool leader: {})",
+            c.role,
+            if c.leader.is_empty() {
+                "none"
+            } else {
+                &c.leader
+            }
+        ),
+        Some(_) => "not yet elected".to_string(),
+        None => "none (no pool)".to_string(),
+    };
+    let _ = writeln!(out, "role:         {role}");
     for (route, c) in &s.routes {
         let _ = writeln!(
             out,

@@ -158,6 +158,9 @@ pub struct CoordinatorConfig {
     /// The etcd's --max-request-bytes: a storage operation larger fails before sending.
     #[serde(default = "default_max_request_bytes")]
     pub max_request_bytes: usize,
+    /// TTL of the pool leader's lease: a leader that dies is replaced after about this long.
+    #[serde(default = "default_leader_lease_seconds")]
+    pub leader_lease_seconds: u64,
 }
 
 fn yes() -> bool {
@@ -197,6 +200,9 @@ fn default_max_txn_ops() -> usize {
 }
 fn default_max_request_bytes() -> usize {
     16 * 1024 * 1024
+}
+fn default_leader_lease_seconds() -> u64 {
+    10
 }
 fn default_prefix() -> String {
     "/registry".into()
@@ -254,6 +260,7 @@ impl Default for CoordinatorConfig {
             key_file: None,
             max_txn_ops: default_max_txn_ops(),
             max_request_bytes: default_max_request_bytes(),
+            leader_lease_seconds: default_leader_lease_seconds(),
         }
     }
 }

@@ -271,7 +271,9 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
         (Some(c), Some(_)) if !config.coordinator.endpoints.is_empty() => {
             let pool = Arc::new(Pool::new(config.clone()));
             state.set_pool(pool.clone());
-            tokio::spawn(pool.clone().run(c.clone(), stop_rx.clone()));
+            let cloud = cloud.clone();
+            let cloud_healthy = Arc::new(move || cloud.healthy());
+            tokio::spawn(pool.clone().run(c.clone(), cloud_healthy, stop_rx.clone()));
             Some(pool)
         }
         _ => None,

@@ -631,3 +631,88 @@ fn an_unreachable_etcd_fails_fast_and_is_reconnected() {
         ["/registry/pods/re/a", "/registry/pods/re/b"]
     );
 }
+
+#[test]
+fn one_leader_per_pool_and_a_new_one_within_the_lease_ttl() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use hub::coordinator::election::Election;
+    use hub_tests::wait_for;
+    let etcd = EtcdCluster::start(1);
+    let rt = runtime();
+    let ttl = Duration::from_secs(3);
+    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+    let mut hubs = Vec::new();
+    for i in 0..3 {
+        let client = rt
+            .block_on(storage::connect(
+                &etcd.endpoints(),
+                None,
+                Duration::from_secs(5),
+            ))
+            .unwrap();
+        let e = Arc::new(Election::new(client, "pool-a", &format!("edge-{i}"), ttl));
+        let eligible = Arc::new(AtomicBool::new(true));
+        let flag = eligible.clone();
+        let task = rt.spawn(
+            e.clone()
+                .run(Arc::new(move || flag.load(Ordering::SeqCst)), stop.clone()),
+        );
+        hubs.push((e, eligible, task));
+    }
+    let leaders = |hubs: &[(Arc<Election>, Arc<AtomicBool>, tokio::task::JoinHandle<()>)]| {
+        hubs.iter()
+            .enumerate()
+            .filter(|(_, h)| h.0.is_leader())
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>()
+    };
+    let first = wait_for("a leader", Duration::from_secs(10), || {
+        let l = leaders(&hubs);
+        (l.len() == 1).then(|| l[0])
+    });
+    for (e, _, _) in &hubs {
+        wait_for(
+            "every hub to see the leader",
+            Duration::from_secs(5),
+            || (e.holder() == format!("edge-{first}")).then_some(()),
+        );
+    }
+
+    // A hub that stops being eligible (its cloud or coordinator unhealthy) steps down at
+    // once, and another takes over.
+    hubs[first].1.store(false, Ordering::SeqCst);
+    let t = std::time::Instant::now();
+    let second = wait_for(
+        "a new leader after stepping down",
+        Duration::from_secs(10),
+        || {
+            let l = leaders(&hubs);
+            (l.len() == 1 && l[0] != first).then(|| l[0])
+        },
+    );
+    eprintln!("leader stepped down: new leader after {:?}", t.elapsed());
+
+    // The leader dies without resigning (its task ends, keep-alives stop): the lease runs
+    // out and another hub leads within the TTL (plus one claim period).
+    hubs[second].2.abort();
+    let t = std::time::Instant::now();
+    let third = wait_for(
+        "a new leader after the leader died",
+        Duration::from_secs(15),
+        || {
+            let l: Vec<usize> = leaders(&hubs)
+                .into_iter()
+                .filter(|i| *i != second)
+                .collect();
+            (l.len() == 1).then(|| l[0])
+        },
+    );
+    let took = t.elapsed();
+    eprintln!("leader died: new leader edge-{third} after {took:?} (TTL {ttl:?})");
+    assert!(
+        took <= ttl + ttl / 3 + Duration::from_secs(1),
+        "took {took:?}"
+    );
+    assert_ne!(third, second);
+}

@@ -125,6 +125,17 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
         "{all_six:?}"
     );
 
+    // One leader for the pool while the cloud and the coordinator are healthy.
+    wait_for("exactly one pool leader", Duration::from_secs(20), || {
+        let roles: Vec<Value> = nodes
+            .iter()
+            .map(|n| n.hub.status()["coordinator"]["role"].clone())
+            .collect();
+        (roles.iter().filter(|r| *r == "leader").count() == 1
+            && roles.iter().filter(|r| *r == "follower").count() == 1)
+            .then_some(())
+    });
+
     // The cloud goes away: node 1's hub answers with node 0's pods from the coordinator.
     cloud.stop_listening();
     for n in &nodes {

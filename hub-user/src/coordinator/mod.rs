@@ -2,6 +2,7 @@
 //! (`keys`), written by single-Txn operations with freshness decided inside etcd
 //! (`storage`), the local record of which keys this hub owns (`owned`), and the hub's part
 //! in its pool: pushing, rebuild detection, serving the pool's data (`pool`).
+pub mod election;
 pub mod keys;
 pub mod owned;
 pub mod pool;

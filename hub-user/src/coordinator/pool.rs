@@ -6,8 +6,10 @@
 //! Only what the cloud returned to the node identity is pushed (kubelet, kube-proxy, … —
 //! never a pod's bearer-token reads, never Secrets), and pool data is served only to the
 //! node identity, so nothing reaches a client the cloud did not authorise for it.
-//! Not yet here: leader election and pool-scope serving while the cloud is up, watches from
-//! the coordinator, a durable outbox of incremental changes, garbage collection.
+//! The hub also takes part in the pool's leader election (`election`). Not yet here: the
+//! leader syncing pool-scope resources for the pool and followers reading them from the
+//! coordinator while the cloud is up, watches from the coordinator, a durable outbox of
+//! incremental changes, garbage collection.
 use std::{
     collections::HashMap,
     sync::{
@@ -23,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::{
+    election::Election,
     owned::Owned,
     storage::{self, Limits, Object, Resource, Storage},
 };
@@ -61,12 +64,17 @@ pub struct PoolStatus {
     pub lists_pushed: u64,
     pub objects_written: u64,
     pub last_push_ms: u64,
+    /// "leader" or "follower" in the pool's election; "" before it runs.
+    pub role: String,
+    /// The hub that leads the pool, as last seen.
+    pub leader: String,
     pub last_error: Option<String>,
 }
 
 pub struct Pool {
     config: Arc<Config>,
     storage: OnceLock<(Client, Arc<Storage>)>,
+    election: OnceLock<Arc<Election>>,
     healthy: AtomicBool,
     status: Mutex<PoolStatus>,
 }
@@ -102,6 +110,7 @@ impl Pool {
         Pool {
             config,
             storage: OnceLock::new(),
+            election: OnceLock::new(),
             healthy: AtomicBool::new(false),
             status: Mutex::new(status),
         }
@@ -118,6 +127,10 @@ impl Pool {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         s.healthy = self.healthy();
+        if let Some(e) = self.election.get() {
+            s.role = if e.is_leader() { "leader" } else { "follower" }.into();
+            s.leader = e.holder();
+        }
         s
     }
 
@@ -272,9 +285,20 @@ impl Pool {
         Ok(())
     }
 
-    /// Connects (retrying with backoff) and keeps the coordinator in step with the node's
-    /// cache until `stop`.
-    pub async fn run(self: Arc<Self>, cache: Arc<Cache>, mut stop: watch::Receiver<bool>) {
+    /// Whether this hub leads the pool (it competes while the cloud and the coordinator
+    /// are both healthy).
+    pub fn is_leader(&self) -> bool {
+        self.election.get().is_some_and(|e| e.is_leader())
+    }
+
+    /// Connects (retrying with backoff), joins the pool's leader election, and keeps the
+    /// coordinator in step with the node's cache until `stop`.
+    pub async fn run(
+        self: Arc<Self>,
+        cache: Arc<Cache>,
+        cloud_healthy: Arc<dyn Fn() -> bool + Send + Sync>,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let mut backoff = Duration::from_millis(200);
         // Hubs of a pool start together after a power cut: spread their first push.
         let jitter = Duration::from_millis(u64::from(store::now() as u32 % 500));
@@ -288,6 +312,18 @@ impl Pool {
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(10));
             }
+        }
+        if let Some((client, _)) = self.storage.get() {
+            let election = Arc::new(Election::new(
+                client.clone(),
+                self.config.pool_name.as_deref().unwrap_or_default(),
+                &self.config.node_name,
+                Duration::from_secs(self.config.coordinator.leader_lease_seconds),
+            ));
+            let _ = self.election.set(election.clone());
+            let me = self.clone();
+            let eligible = Arc::new(move || cloud_healthy() && me.healthy());
+            tokio::spawn(election.run(eligible, stop.clone()));
         }
         let mut pushed = HashMap::new();
         let (mut life, mut generation) = (None, None);
