@@ -15,9 +15,12 @@ pub fn run(what: &str, rounds: usize) -> Result<()> {
         "intercept" => intercept(rounds),
         "proxy" => crate::bench_proxy::proxy(rounds),
         "cache" => crate::bench_cache::cache(rounds),
+        "pool" => crate::bench_pool::pool(),
         "coordinator" => crate::bench_coordinator::coordinator(rounds),
         other => {
-            bail!("unknown benchmark `{other}` (available: intercept, proxy, cache, coordinator)")
+            bail!(
+                "unknown benchmark `{other}` (available: intercept, proxy, cache, coordinator, pool)"
+            )
         }
     }
 }
@@ -99,7 +102,8 @@ pub struct Stack {
     /// The hub's config, to start it again (same cache).
     pub yaml: String,
     pub admin: String,
-    /// The stand-in's PKI and the hub's cache; removed last.
+    cloud_port: u16,
+    /// The stand-in's PKI and the hubs' caches; removed last.
     _dir: hub_tests::TempDir,
 }
 
@@ -119,35 +123,77 @@ impl Stack {
             .arg(dir.path());
         let standin =
             Proc::spawn_until_line(cmd, "hub-apiserver", "ready", Duration::from_secs(60));
-        let p = |f: &str| dir.path().join(f);
-        let (tls_port, admin_port, plain_port) = (free_port(), free_port(), free_port());
-        let admin = format!("127.0.0.1:{admin_port}");
-        let yaml = format!(
-            "nodeName: bench-node\ncloud:\n  servers: [\"https://127.0.0.1:{cloud_port}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\ncache:\n  dir: {}\n  components: [{COMPONENT}]\n",
-            p("ca.crt").display(),
-            p("hub-node.crt").display(),
-            p("hub-node.key").display(),
-            p("hub-serving.crt").display(),
-            p("hub-serving.key").display(),
-            p("cache").display()
-        );
+        let (yaml, admin, via) = hub_config(dir.path(), cloud_port, "cache", "");
         let hub = HubProc::start_yaml(None, &admin, None, |_, _| yaml.clone());
-        let roots = hub::upstream::identity::roots(&std::fs::read(p("ca.crt"))?, "stand-in CA")?;
-        let tls = hub::upstream::identity::client_config(&roots, None, &[b"h2"])?;
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build(hub::upstream::connect::MarkedConnector { tls, mark: 0 });
+        let client = http_client(dir.path(), false)?;
         Ok(Stack {
             standin,
             hub,
             client,
             direct: format!("https://127.0.0.1:{cloud_port}"),
-            via: format!("https://127.0.0.1:{tls_port}"),
+            via,
             yaml,
             admin,
+            cloud_port,
             _dir: dir,
         })
     }
+
+    /// Another hub in front of the same stand-in, with its own cache directory `name` and
+    /// `extra` top-level YAML (a pool, say); returns it and its `https://` address.
+    pub fn start_hub(&self, name: &str, extra: &str) -> (HubProc, String) {
+        let (yaml, admin, via) = hub_config(self._dir.path(), self.cloud_port, name, extra);
+        (HubProc::start_yaml(None, &admin, None, |_, _| yaml), via)
+    }
+
+    /// An HTTP/2 client trusting the stand-in's CA; with `as_node`, presenting the
+    /// kubelet-style node certificate (the hub then speaks as the node).
+    pub fn client(&self, as_node: bool) -> Result<Http> {
+        http_client(self._dir.path(), as_node)
+    }
+}
+
+/// A hub config on fresh loopback ports: (YAML, admin address, `https://` address).
+fn hub_config(
+    dir: &std::path::Path,
+    cloud_port: u16,
+    cache: &str,
+    extra: &str,
+) -> (String, String, String) {
+    use hub_tests::ports::free_port;
+    let p = |f: &str| dir.join(f);
+    let (tls_port, admin_port, plain_port) = (free_port(), free_port(), free_port());
+    let admin = format!("127.0.0.1:{admin_port}");
+    let yaml = format!(
+        "nodeName: bench-node\ncloud:\n  servers: [\"https://127.0.0.1:{cloud_port}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\n  clientCaFile: {}\ncache:\n  dir: {}\n  components: [{COMPONENT}]\n{extra}",
+        p("ca.crt").display(),
+        p("hub-node.crt").display(),
+        p("hub-node.key").display(),
+        p("hub-serving.crt").display(),
+        p("hub-serving.key").display(),
+        p("ca.crt").display(),
+        p(cache).display()
+    );
+    (yaml, admin, format!("https://127.0.0.1:{tls_port}"))
+}
+
+fn http_client(dir: &std::path::Path, as_node: bool) -> Result<Http> {
+    use hub::upstream::identity;
+    let roots = identity::roots(&std::fs::read(dir.join("ca.crt"))?, "stand-in CA")?;
+    let node = if as_node {
+        Some(identity::identity_from_pem(
+            &std::fs::read(dir.join("kubelet.crt"))?,
+            &std::fs::read(dir.join("kubelet.key"))?,
+            "kubelet certificate",
+        )?)
+    } else {
+        None
+    };
+    let tls = identity::client_config(&roots, node.as_ref(), &[b"h2"])?;
+    Ok(
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build(hub::upstream::connect::MarkedConnector { tls, mark: 0 }),
+    )
 }
 
 pub fn rss_kib(pid: u32) -> Option<u64> {
