@@ -250,9 +250,9 @@ impl Cache {
                 "get" => TargetKind::Object,
                 "list" => TargetKind::List {
                     namespace: info.namespace.clone(),
-                    label_selector: serve_param(query, "labelSelector"),
-                    field_selector: serve_param(query, "fieldSelector"),
-                    continue_from: Some(serve_param(query, "continue")).filter(|c| !c.is_empty()),
+                    label_selector: serve::param(query, "labelSelector"),
+                    field_selector: serve::param(query, "fieldSelector"),
+                    continue_from: Some(serve::param(query, "continue")).filter(|c| !c.is_empty()),
                 },
                 "watch" => TargetKind::Watch,
                 _ => return resp,
@@ -312,10 +312,6 @@ impl Cache {
                 .clone(),
         }
     }
-}
-
-fn serve_param(query: &str, name: &str) -> String {
-    crate::proxy::request::query_param(query, name).unwrap_or_default()
 }
 
 #[cfg(test)]

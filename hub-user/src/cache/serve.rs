@@ -104,7 +104,7 @@ fn respond(
 }
 
 /// Reads one query parameter, percent-decoded.
-fn param(query: &str, name: &str) -> String {
+pub(super) fn param(query: &str, name: &str) -> String {
     crate::proxy::request::query_param(query, name).unwrap_or_default()
 }
 

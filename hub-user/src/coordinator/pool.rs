@@ -233,13 +233,19 @@ impl Pool {
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
         let mut sets: HashMap<(String, String), Vec<Item>> = HashMap::new();
+        // The newest resourceVersion each set has seen, deletions included: what the
+        // pushed list is as fresh as (a deleted object may be newer than every survivor).
+        let mut seen_rv: HashMap<(String, String), u64> = HashMap::new();
         for (key, rec) in records {
-            if rec.deleted || NEVER_PUSHED.contains(&key.gvr.as_str()) {
+            if NEVER_PUSHED.contains(&key.gvr.as_str()) {
                 continue;
             }
-            sets.entry((key.component, key.gvr))
-                .or_default()
-                .push(rec.item);
+            let id = (key.component, key.gvr);
+            let rv = seen_rv.entry(id.clone()).or_default();
+            *rv = (*rv).max(rec.item.rv);
+            if !rec.deleted {
+                sets.entry(id).or_default().push(rec.item);
+            }
         }
         // Sets that emptied are pushed as empty lists, so their keys go too.
         for k in pushed.keys() {
@@ -256,7 +262,7 @@ impl Pool {
             let Some(resource) = resource_of(&gvr) else {
                 continue;
             };
-            let rv = items.iter().map(|i| i.rv).max().unwrap_or(0);
+            let rv = seen_rv.get(&id).copied().unwrap_or(0);
             let objects: Vec<Object> = items
                 .iter()
                 .map(|i| Object {
