@@ -100,6 +100,16 @@ fn stored_value(item: &Item) -> Vec<u8> {
     }
 }
 
+/// Up to this long, spread by node name, before a hub re-pushes into a rebuilt coordinator.
+const REPUSH_SPREAD: Duration = Duration::from_millis(1000);
+
+fn repush_spread(node: &str) -> Duration {
+    let h = node.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    Duration::from_millis(h % REPUSH_SPREAD.as_millis() as u64)
+}
+
 impl Pool {
     pub fn new(config: Arc<Config>) -> Pool {
         let status = PoolStatus {
@@ -209,10 +219,15 @@ impl Pool {
         let now_life = self.epoch(client).await?;
         if life.as_ref() != Some(&now_life) {
             if life.is_some() {
+                // Every hub of the pool notices a rebuild within the same second: spread
+                // their full pushes so they do not all land on the new etcd at once.
+                let spread = repush_spread(&self.config.node_name);
                 tracing::info!(
                     epoch = now_life.0,
+                    delay_ms = spread.as_millis() as u64,
                     "coordinator rebuilt or replaced: pushing everything again"
                 );
+                tokio::time::sleep(spread).await;
             }
             pushed.clear();
             let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
