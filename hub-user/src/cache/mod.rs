@@ -217,7 +217,7 @@ impl Cache {
         info: &RequestInfo,
         path: &str,
         query: &str,
-        credential: &str,
+        credential: impl FnOnce() -> String,
         component: &str,
     ) -> Response<ProxyBody> {
         if resp.status() != StatusCode::OK {
@@ -259,7 +259,7 @@ impl Cache {
             }
         };
         let target = Target {
-            credential: credential.to_string(),
+            credential: credential(),
             component: component.to_string(),
             gvr: info.gvr(),
             resource: info.resource.clone(),

@@ -52,6 +52,17 @@ pub struct Item {
     pub body: Vec<u8>,
 }
 
+impl Item {
+    /// The object as a client (or etcd) receives it: the JSON body, or the protobuf
+    /// message in its `k8s\0` envelope.
+    pub fn encoded(&self) -> Vec<u8> {
+        match self.encoding {
+            Encoding::Json => self.body.clone(),
+            Encoding::Protobuf => kproto::envelope(&self.api_version, &self.kind, &self.body),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ParseError {
     #[error("malformed {0} body")]

@@ -82,13 +82,6 @@ fn cached(cache: &Cache, info: &RequestInfo) -> Result<Option<Item>, StoreError>
         .map(|(_, r)| r.item))
 }
 
-fn encoded(item: &Item) -> Vec<u8> {
-    match item.encoding {
-        Encoding::Json => item.body.clone(),
-        Encoding::Protobuf => kproto::envelope(&item.api_version, &item.kind, &item.body),
-    }
-}
-
 /// Why a write cannot be accepted offline.
 enum Refused {
     BadRequest(String),
@@ -212,7 +205,7 @@ impl Cache {
                 .status(code)
                 .header(header::CONTENT_TYPE, item.encoding.content_type())
                 .header("warning", WARNING)
-                .body(full(encoded(&item)))
+                .body(full(item.encoded()))
                 .expect("valid response parts")
         })
         .await;

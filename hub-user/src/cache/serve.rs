@@ -186,13 +186,6 @@ fn choose(objects: &[&Latest], prefs: &[Encoding]) -> Option<(Encoding, usize)> 
         })
 }
 
-fn encode_object(item: &Item) -> Vec<u8> {
-    match item.encoding {
-        Encoding::Json => item.body.clone(),
-        Encoding::Protobuf => kproto::envelope(&item.api_version, &item.kind, &item.body),
-    }
-}
-
 /// Whether the cache holds a complete list that covers `namespace` ("" = all).
 fn covering_list(
     store: &Store,
@@ -345,7 +338,7 @@ fn get(
     Ok(respond(
         FROM_LOCAL_CACHE,
         item.encoding.content_type(),
-        encode_object(item),
+        item.encoded(),
         None,
     ))
 }
@@ -475,7 +468,7 @@ pub fn answer_from(
             Ok(respond(
                 source,
                 item.encoding.content_type(),
-                encode_object(item),
+                item.encoded(),
                 None,
             ))
         }
@@ -610,7 +603,7 @@ fn event(enc: Encoding, ty: &str, item: &Item) -> Bytes {
             line.extend_from_slice(b"}\n");
             line.into()
         }
-        Encoding::Protobuf => kproto::watch_frame(ty, &encode_object(item)).into(),
+        Encoding::Protobuf => kproto::watch_frame(ty, &item.encoded()).into(),
     }
 }
 

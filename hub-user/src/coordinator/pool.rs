@@ -91,15 +91,6 @@ fn resource_of(gvr: &str) -> Option<Resource> {
     })
 }
 
-/// The bytes kept in etcd: JSON as is, protobuf in its `k8s\0` envelope (as kube-apiserver
-/// writes built-in kinds).
-fn stored_value(item: &Item) -> Vec<u8> {
-    match item.encoding {
-        Encoding::Json => item.body.clone(),
-        Encoding::Protobuf => kproto::envelope(&item.api_version, &item.kind, &item.body),
-    }
-}
-
 /// Up to this long, spread by node name, before a hub re-pushes into a rebuilt coordinator.
 const REPUSH_SPREAD: Duration = Duration::from_millis(1000);
 
@@ -284,7 +275,8 @@ impl Pool {
                     namespace: (!i.namespace.is_empty()).then(|| i.namespace.clone()),
                     name: i.name.clone(),
                     rv: i.rv,
-                    value: stored_value(i),
+                    // JSON as is, protobuf in its `k8s\0` envelope (as kube-apiserver stores it).
+                    value: i.encoded(),
                 })
                 .collect();
             let r = storage

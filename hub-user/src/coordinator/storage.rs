@@ -145,6 +145,11 @@ fn parse_rv(v: &[u8]) -> Option<u64> {
     std::str::from_utf8(v.get(..20)?).ok()?.parse().ok()
 }
 
+/// About what putting `value` under `key` (and its companion key) adds to a Txn request.
+fn put_bytes(key: &str, value: &[u8]) -> usize {
+    value.len() + 2 * key.len() + 64
+}
+
 pub fn rv_key(key: &str) -> String {
     format!("{META_PREFIX}{key}")
 }
@@ -383,7 +388,7 @@ impl Storage {
         obj: &Object,
     ) -> Result<Outcome, StorageError> {
         let key = self.key(r, obj.namespace.as_deref(), &obj.name)?;
-        self.check_limits("create", 2, obj.value.len() + 2 * key.len() + 64)?;
+        self.check_limits("create", 2, put_bytes(&key, &obj.value))?;
         // The object must not exist; a deleted one may come back if this is fresher.
         let txn = Txn::new()
             .when([Compare::version(key.as_str(), CompareOp::Greater, 0)])
@@ -422,7 +427,7 @@ impl Storage {
         obj: &Object,
     ) -> Result<Outcome, StorageError> {
         let key = self.key(r, obj.namespace.as_deref(), &obj.name)?;
-        self.check_limits("update", 2, obj.value.len() + 2 * key.len() + 64)?;
+        self.check_limits("update", 2, put_bytes(&key, &obj.value))?;
         let intent = Intent {
             component: component.into(),
             put: vec![(key.clone(), obj.rv)],
@@ -558,7 +563,7 @@ impl Storage {
                 .into());
             }
             let key = self.key(r, o.namespace.as_deref(), &o.name)?;
-            bytes += o.value.len() + 2 * key.len() + 64;
+            bytes += put_bytes(&key, &o.value);
             put.push((key, o.rv));
         }
         let listed: HashSet<&str> = put.iter().map(|(k, _)| k.as_str()).collect();

@@ -242,13 +242,15 @@ impl Proxy {
             ?who,
             "request"
         );
-        // Kept for the cache: the request itself goes to the cloud.
-        let credential = cache::credential(
-            req.headers()
-                .get(header::AUTHORIZATION)
-                .map(|v| v.as_bytes()),
-            who == AsWho::Node,
-        );
+        // Kept for the cache: the request itself goes to the cloud. The credential (a
+        // SHA-256 of the token) is worked out only if the cache needs it.
+        let authorization = req.headers().get(header::AUTHORIZATION).cloned();
+        let credential = std::cell::LazyCell::new(|| {
+            cache::credential(
+                authorization.as_ref().map(|v| v.as_bytes()),
+                who == AsWho::Node,
+            )
+        });
         let path = req.uri().path().to_string();
         let query = req.uri().query().unwrap_or("").to_string();
         let accept = req
@@ -297,7 +299,7 @@ impl Proxy {
                                     &info,
                                     &path,
                                     &query,
-                                    &credential,
+                                    || credential.to_string(),
                                     &component_name,
                                 ),
                                 None => f.response,
