@@ -12,7 +12,7 @@ use crate::{
     cache::Cache,
     certs,
     config::Config,
-    coordinator::pool::Pool,
+    coordinator::{self, pool::Pool},
     intercept::{self, Interceptor, OriginLookup},
     proxy::{Listener, Proxy, serving},
     relay,
@@ -271,9 +271,16 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
         (Some(c), Some(_)) if !config.coordinator.endpoints.is_empty() => {
             let pool = Arc::new(Pool::new(config.clone()));
             state.set_pool(pool.clone());
-            let cloud = cloud.clone();
-            let cloud_healthy = Arc::new(move || cloud.healthy());
+            let probed = cloud.clone();
+            let cloud_healthy = Arc::new(move || probed.healthy());
             tokio::spawn(pool.clone().run(c.clone(), cloud_healthy, stop_rx.clone()));
+            // While this hub leads the pool, it syncs the pool-scope resources for all.
+            tokio::spawn(coordinator::leader::run(
+                pool.clone(),
+                cloud.clone(),
+                config.coordinator.pool_scope_resources.clone(),
+                stop_rx.clone(),
+            ));
             Some(pool)
         }
         _ => None,

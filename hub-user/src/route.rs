@@ -3,6 +3,7 @@
 //! ```text
 //! cloud healthy:
 //!     coordinator healthy && not the pool leader && pool-scope resource -> coordinator
+//!         (once a leader has synced it; until then the cloud)
 //!     otherwise -> cloud; on a transport error fall through
 //! coordinator healthy -> coordinator; on error fall through
 //! otherwise -> local cache
@@ -58,7 +59,8 @@ pub fn plan(i: Inputs) -> Vec<Route> {
     }
     if i.cloud_healthy {
         if i.coordinator_healthy && !i.leader && i.pool_scope {
-            return vec![Coordinator, LocalCache];
+            // The cloud answers when no leader has synced the resource yet.
+            return vec![Coordinator, Cloud, LocalCache];
         }
         let mut p = vec![Cloud];
         if i.coordinator_healthy {
@@ -90,10 +92,11 @@ mod tests {
 
     #[test]
     fn every_row_of_the_table() {
-        // cloud healthy, follower, pool-scope, coordinator healthy -> coordinator first.
+        // cloud healthy, follower, pool-scope, coordinator healthy -> coordinator first
+        // (the cloud when no leader has synced it yet).
         assert_eq!(
             plan(inputs(true, true, false, true)),
-            vec![Coordinator, LocalCache]
+            vec![Coordinator, Cloud, LocalCache]
         );
         // the leader serves pool-scope resources from the cloud itself.
         assert_eq!(

@@ -1,7 +1,10 @@
 //! Issue 8 (first part): hubs push their node's cache into a real etcd coordinator, a hub
 //! serves the whole pool's data from it while the cloud is down, and a wiped coordinator is
 //! refilled by the hubs' re-push.
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use hub_tests::{
     TempDir,
@@ -22,6 +25,18 @@ struct Node {
 }
 
 fn start_hub(cloud: &StandIn, pki: &hub_tests::apiserver::tls::HubPki, etcd: &EtcdCluster) -> Node {
+    start_named_hub(cloud, pki, etcd, LOOPBACK_NODE, "")
+}
+
+/// A hub named `node` (its PKI must be issued for that name), with `more` appended to its
+/// coordinator section.
+fn start_named_hub(
+    cloud: &StandIn,
+    pki: &hub_tests::apiserver::tls::HubPki,
+    etcd: &EtcdCluster,
+    node: &str,
+    more: &str,
+) -> Node {
     let state = TempDir::new("pool");
     let (tls, plain) = (free_port(), free_port());
     let endpoints: Vec<String> = etcd
@@ -39,12 +54,17 @@ fn start_hub(cloud: &StandIn, pki: &hub_tests::apiserver::tls::HubPki, etcd: &Et
         tls: Some(tls),
         admin: format!("127.0.0.1:{}", free_port()),
         extra: format!(
-            "poolName: pool-a\ncoordinator:\n  endpoints: [{}]\n",
+            "poolName: pool-a\ncoordinator:\n  endpoints: [{}]\n{more}",
             endpoints.join(", ")
         ),
     };
     let dir = state.path().to_path_buf();
-    let hub = HubProc::start_yaml(None, &config.admin.clone(), None, |_, _| config.yaml(&dir));
+    let hub = HubProc::start_yaml(None, &config.admin.clone(), None, |_, _| {
+        config.yaml(&dir).replace(
+            &format!("nodeName: {LOOPBACK_NODE}\n"),
+            &format!("nodeName: {node}\n"),
+        )
+    });
     Node {
         hub,
         tls,
@@ -234,4 +254,255 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
         assert!(c["full_pushes"].as_u64() >= Some(2), "{c}");
         assert_eq!(c["healthy"], true, "{c}");
     }
+}
+
+const SLICES: &str = "/apis/discovery.k8s.io/v1/endpointslices";
+
+fn slice(name: &str, port: u16) -> Value {
+    serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4", "endpoints": [], "ports": [{"name": "http", "port": port, "protocol": "TCP"}]
+    })
+}
+
+/// The (type, name) of the next watch event that is not a bookmark.
+fn next_change(w: &mut hub_tests::apiserver::client::Stream<'_>) -> (String, String) {
+    loop {
+        let e = w
+            .next_event(Duration::from_secs(15))
+            .expect("a watch event within 15 s");
+        let ty = e["type"].as_str().unwrap_or_default().to_string();
+        if ty != "BOOKMARK" {
+            return (
+                ty,
+                e["object"]["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .into(),
+            );
+        }
+    }
+}
+
+#[test]
+fn the_leader_syncs_pool_scope_resources_for_the_pool_and_followers_watch_them_across_a_failover() {
+    const TTL: u64 = 3;
+    let etcd = EtcdCluster::start(1);
+    let ca = Arc::new(TestCa::new("cloud-ca"));
+    let cloud = StandIn::start_with_ca(
+        "127.0.0.1:0".parse().unwrap(),
+        Options::default(),
+        ca.clone(),
+    )
+    .unwrap();
+    cloud.state.auth.write().unwrap().add_test_identities();
+    seed::base(&cloud.state.store);
+    for i in 0..5 {
+        seed::service(&cloud.state.store, "default", &format!("svc-{i}"), 8000 + i);
+    }
+    let dir = TempDir::new("pool");
+    let names = ["edge-0", "edge-1", "edge-2"];
+    let pkis: Vec<_> = names
+        .iter()
+        .map(|n| {
+            let d = dir.path().join(n);
+            std::fs::create_dir_all(&d).unwrap();
+            ca.write_hub_pki(&d, n, &[]).unwrap()
+        })
+        .collect();
+    let more = format!("  leaderLeaseSeconds: {TTL}\n");
+    let mut nodes: Vec<Option<Node>> = names
+        .iter()
+        .zip(&pkis)
+        .map(|(n, pki)| Some(start_named_hub(&cloud, pki, &etcd, n, &more)))
+        .collect();
+    let role = |n: &Node| {
+        n.hub.status()["coordinator"]["role"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let leader = wait_for("one pool leader", Duration::from_secs(20), || {
+        let roles: Vec<String> = nodes.iter().map(|n| role(n.as_ref().unwrap())).collect();
+        (roles.iter().filter(|r| *r == "leader").count() == 1
+            && roles.iter().filter(|r| *r == "follower").count() == 2)
+            .then(|| roles.iter().position(|r| r == "leader").unwrap())
+    });
+    wait_for(
+        "the leader to sync endpointslices",
+        Duration::from_secs(20),
+        || {
+            etcd.etcdctl(
+                &etcd.endpoints(),
+                &["get", "/hub/synced/discovery.k8s.io/v1/endpointslices"],
+            )
+            .ok()
+            .filter(|o| !o.trim().is_empty())
+        },
+    );
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let client = |i: usize| {
+        Client::new(
+            format!("127.0.0.1:{}", nodes[i].as_ref().unwrap().tls)
+                .parse()
+                .unwrap(),
+            ca.cert_der(),
+            None,
+            Some(&pkis[i].kubelet),
+        )
+    };
+    let clients: Vec<Client> = (0..3).map(client).collect();
+    // Followers list endpointslices from the coordinator: the five the cloud has.
+    let mut list_rv = String::new();
+    for &f in &followers {
+        let r = clients[f].get(SLICES);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let v = r.json();
+        let mut got: Vec<&str> = v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap())
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                "svc-0-abc12",
+                "svc-1-abc12",
+                "svc-2-abc12",
+                "svc-3-abc12",
+                "svc-4-abc12"
+            ]
+        );
+        list_rv = v["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let st = nodes[f].as_ref().unwrap().hub.status();
+        assert!(
+            st["routes"]["coordinator"]["requests"].as_u64() > Some(0),
+            "{st}"
+        );
+    }
+    // Both followers watch from the list's resourceVersion.
+    let mut watches: Vec<_> = followers
+        .iter()
+        .map(|&f| {
+            let w = clients[f].stream(&format!(
+                "{SLICES}?watch=1&resourceVersion={list_rv}&allowWatchBookmarks=true"
+            ));
+            assert_eq!(w.status, 200);
+            w
+        })
+        .collect();
+    let admin = Client::new(cloud.addr, ca.cert_der(), Some(ADMIN_TOKEN), None);
+    let ns_slices = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices";
+    assert_eq!(
+        admin
+            .send_json("POST", ns_slices, &slice("new-0", 9000))
+            .status,
+        201
+    );
+    let patched = admin
+        .request(
+            "PATCH",
+            &format!("{ns_slices}/svc-1-abc12"),
+            &[("Content-Type", "application/merge-patch+json")],
+            br#"{"metadata":{"labels":{"changed":"yes"}}}"#,
+        )
+        .unwrap();
+    assert_eq!(patched.status, 200);
+    assert_eq!(
+        admin
+            .request("DELETE", &format!("{ns_slices}/svc-2-abc12"), &[], &[])
+            .unwrap()
+            .status,
+        200
+    );
+    for w in &mut watches {
+        assert_eq!(next_change(w), ("ADDED".into(), "new-0".into()));
+        assert_eq!(next_change(w), ("MODIFIED".into(), "svc-1-abc12".into()));
+        assert_eq!(next_change(w), ("DELETED".into(), "svc-2-abc12".into()));
+    }
+
+    // Kill the leader's hub: another takes over within the lease TTL, and changes made
+    // meanwhile reach the followers' open watches.
+    let killed = Instant::now();
+    nodes[leader].as_mut().unwrap().hub.proc.kill9();
+    for i in 1..=3 {
+        assert_eq!(
+            admin
+                .send_json("POST", ns_slices, &slice(&format!("gap-{i}"), 9000 + i))
+                .status,
+            201
+        );
+    }
+    nodes[leader] = None;
+    let new_leader = wait_for("a new leader", Duration::from_secs(TTL + 5), || {
+        followers
+            .iter()
+            .copied()
+            .find(|f| role(nodes[*f].as_ref().unwrap()) == "leader")
+    });
+    let took = killed.elapsed();
+    eprintln!("new leader edge-{new_leader} after {took:?} (lease TTL {TTL} s)");
+    assert!(took <= Duration::from_secs(TTL + 1), "took {took:?}");
+    for w in &mut watches {
+        for i in 1..=3 {
+            assert_eq!(next_change(w), ("ADDED".into(), format!("gap-{i}")));
+        }
+    }
+    assert_eq!(
+        admin
+            .send_json("POST", ns_slices, &slice("after", 9100))
+            .status,
+        201
+    );
+    for w in &mut watches {
+        assert_eq!(next_change(w), ("ADDED".into(), "after".into()));
+    }
+
+    // The cloud saw one watch of endpointslices at a time for the whole pool: from the
+    // leader, then from its successor; the hub that stayed a follower never asked.
+    let stayed = followers
+        .iter()
+        .copied()
+        .find(|f| *f != new_leader)
+        .unwrap();
+    let audit = cloud.audit();
+    let watchers: std::collections::BTreeSet<String> = audit
+        .iter()
+        .filter(|a| a.path.starts_with(SLICES) && a.path.contains("watch=1"))
+        .map(|a| a.user.clone())
+        .collect();
+    let expected: std::collections::BTreeSet<String> = [leader, new_leader]
+        .iter()
+        .map(|i| format!("system:node:{}", names[*i]))
+        .collect();
+    assert_eq!(watchers, expected);
+    assert!(
+        !audit
+            .iter()
+            .any(|a| a.path.starts_with(SLICES)
+                && a.user == format!("system:node:{}", names[stayed])),
+        "the follower's clients were served from the coordinator"
+    );
+    // The leader's copy in the coordinator matches the cloud (deleted slice gone).
+    let keys = etcd
+        .etcdctl(
+            &etcd.endpoints(),
+            &[
+                "get",
+                "/registry/endpointslices/",
+                "--prefix",
+                "--keys-only",
+            ],
+        )
+        .unwrap();
+    assert!(
+        !keys.contains("svc-2-abc12") && keys.contains("gap-3") && keys.contains("after"),
+        "{keys}"
+    );
 }

@@ -36,9 +36,12 @@ pub const FROM_LOCAL_CACHE: &str =
     "299 - \"hub: served from the node's local cache; the cloud is unreachable\"";
 pub const FROM_COORDINATOR: &str =
     "299 - \"hub: served from the pool coordinator; the cloud is unreachable\"";
+/// Pool-scope data a follower reads from the coordinator while the cloud is up: the
+/// designed route, so no warning (client-go logs every one).
+pub const FROM_POOL_LEADER: &str = "";
 /// How often an offline watch checks whether the cloud is back (then it ends, so the
 /// client re-lists from the cloud).
-const CLOUD_CHECK: Duration = Duration::from_millis(200);
+pub(crate) const CLOUD_CHECK: Duration = Duration::from_millis(200);
 /// Lists this long give their memory back to the OS after they are answered.
 const LARGE_LIST: usize = 1000;
 /// Bookmarks on an offline watch, when the client allows them.
@@ -55,7 +58,7 @@ pub struct CacheRequest<'a> {
 
 /// The encodings a client accepts for objects, in its order of preference; None when it
 /// accepts only forms the cache does not hold (Tables, for example).
-fn accepted(accept: &str) -> Vec<Encoding> {
+pub(crate) fn accepted(accept: &str) -> Vec<Encoding> {
     let mut out = Vec::new();
     if accept.trim().is_empty() {
         return vec![Encoding::Json];
@@ -78,7 +81,7 @@ fn accepted(accept: &str) -> Vec<Encoding> {
     out
 }
 
-fn api_version(info: &RequestInfo) -> String {
+pub(crate) fn api_version(info: &RequestInfo) -> String {
     if info.group.is_empty() {
         info.version.clone()
     } else {
@@ -86,7 +89,7 @@ fn api_version(info: &RequestInfo) -> String {
     }
 }
 
-fn respond(
+pub(crate) fn respond(
     source: &str,
     enc_type: &str,
     body: impl Into<Bytes>,
@@ -94,8 +97,10 @@ fn respond(
 ) -> Response<ProxyBody> {
     let mut b = Response::builder()
         .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, enc_type)
-        .header("warning", source);
+        .header(header::CONTENT_TYPE, enc_type);
+    if !source.is_empty() {
+        b = b.header("warning", source);
+    }
     if let Some(w) = warning {
         b = b.header("warning", format!("299 - \"hub: {w}\""));
     }
@@ -104,7 +109,7 @@ fn respond(
 }
 
 /// Reads one query parameter, percent-decoded.
-pub(super) fn param(query: &str, name: &str) -> String {
+pub(crate) fn param(query: &str, name: &str) -> String {
     crate::proxy::request::query_param(query, name).unwrap_or_default()
 }
 
@@ -361,7 +366,10 @@ fn parse_continue(token: &str) -> Option<(String, String)> {
 }
 
 /// The selector of a list or watch, checked against what the cache indexes.
-fn selector(info: &RequestInfo, query: &str) -> Result<Result<Selector, String>, String> {
+pub(crate) fn selector(
+    info: &RequestInfo,
+    query: &str,
+) -> Result<Result<Selector, String>, String> {
     let sel = match Selector::parse(
         &param(query, "labelSelector"),
         &param(query, "fieldSelector"),
@@ -378,7 +386,7 @@ fn selector(info: &RequestInfo, query: &str) -> Result<Result<Selector, String>,
     Ok(Ok(sel))
 }
 
-fn bad_request(msg: &str) -> Response<ProxyBody> {
+pub(crate) fn bad_request(msg: &str) -> Response<ProxyBody> {
     status(StatusCode::BAD_REQUEST, "BadRequest", msg)
 }
 
@@ -578,7 +586,7 @@ fn render_list(
 }
 
 /// A response body fed from a channel (offline watches).
-struct ChannelBody(mpsc::Receiver<Bytes>);
+pub(crate) struct ChannelBody(pub(crate) mpsc::Receiver<Bytes>);
 
 impl Body for ChannelBody {
     type Data = Bytes;
@@ -595,7 +603,7 @@ impl Body for ChannelBody {
 }
 
 /// A watch event in the client's encoding.
-fn event(enc: Encoding, ty: &str, item: &Item) -> Bytes {
+pub(crate) fn event(enc: Encoding, ty: &str, item: &Item) -> Bytes {
     match enc {
         Encoding::Json => {
             let mut line = format!("{{\"type\":\"{ty}\",\"object\":").into_bytes();
@@ -608,7 +616,7 @@ fn event(enc: Encoding, ty: &str, item: &Item) -> Bytes {
 }
 
 /// An object carrying only metadata (bookmarks, deletions known by key).
-fn meta_only(
+pub(crate) fn meta_only(
     enc: Encoding,
     av: &str,
     kind: &str,

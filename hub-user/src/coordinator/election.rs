@@ -13,8 +13,8 @@ use std::{
 };
 
 use etcd_client::{
-    Client, Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp,
-    TxnOpResponse,
+    Client, Compare, CompareOp, EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn,
+    TxnOp, TxnOpResponse, WatchStream,
 };
 use tokio::sync::watch;
 
@@ -130,6 +130,38 @@ impl Election {
         }
     }
 
+    /// Returns when the leader key is deleted (or the watch on it fails: then after a
+    /// short pause, so a broken etcd does not spin this loop).
+    async fn vacated(&self, key_watch: &mut Option<WatchStream>) {
+        if key_watch.is_none() {
+            *key_watch = self
+                .client
+                .watch_client()
+                .watch(self.key.as_str(), None)
+                .await
+                .ok();
+        }
+        let Some(w) = key_watch.as_mut() else {
+            return std::future::pending().await;
+        };
+        loop {
+            match w.message().await {
+                Ok(Some(r)) if r.canceled() => break,
+                Ok(Some(r)) => {
+                    if r.events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete)
+                    {
+                        return;
+                    }
+                }
+                _ => break,
+            }
+        }
+        *key_watch = None;
+        std::future::pending().await
+    }
+
     /// Competes while `eligible()` says so, until `stop`.
     pub async fn run(
         self: Arc<Self>,
@@ -138,6 +170,7 @@ impl Election {
     ) {
         let period = self.ttl / 3;
         let mut lease: Option<Lease> = None;
+        let mut key_watch: Option<WatchStream> = None;
         loop {
             if eligible() {
                 if let Some(l) = lease.as_mut()
@@ -160,8 +193,17 @@ impl Election {
             } else if lease.is_some() || self.is_leader() {
                 self.resign(lease.take()).await;
             }
+            // A follower also wakes when the leader's key goes (its lease expired or it
+            // resigned), so the pool is led again within the TTL, not TTL + a period.
+            let vacated = async {
+                if self.is_leader() {
+                    return std::future::pending().await;
+                }
+                self.vacated(&mut key_watch).await
+            };
             tokio::select! {
                 _ = tokio::time::sleep(period) => {}
+                _ = vacated => {}
                 _ = stop.wait_for(|s| *s) => break,
             }
         }

@@ -1,9 +1,12 @@
 //! The pool coordinator: objects in the pool's etcd under kube-apiserver's own key layout
 //! (`keys`), written by single-Txn operations with freshness decided inside etcd
 //! (`storage`), the local record of which keys this hub owns (`owned`), and the hub's part
-//! in its pool: pushing, rebuild detection, serving the pool's data (`pool`).
+//! in its pool: pushing, rebuild detection, serving the pool's data (`pool`, `watch`), and
+//! the leader's sync of pool-scope resources from the cloud (`leader`).
 pub mod election;
 pub mod keys;
+pub mod leader;
 pub mod owned;
 pub mod pool;
 pub mod storage;
+pub mod watch;

@@ -6,10 +6,9 @@
 //! Only what the cloud returned to the node identity is pushed (kubelet, kube-proxy, … —
 //! never a pod's bearer-token reads, never Secrets), and pool data is served only to the
 //! node identity, so nothing reaches a client the cloud did not authorise for it.
-//! The hub also takes part in the pool's leader election (`election`). Not yet here: the
-//! leader syncing pool-scope resources for the pool and followers reading them from the
-//! coordinator while the cloud is up, watches from the coordinator, a durable outbox of
-//! incremental changes, garbage collection.
+//! The hub also takes part in the pool's leader election (`election`); the leader syncs
+//! the pool-scope resources from the cloud (`leader`), and followers read those from the
+//! coordinator while the cloud is up (get, list, and watch — `watch`).
 use std::{
     collections::HashMap,
     sync::{
@@ -26,18 +25,19 @@ use tokio::sync::watch;
 
 use super::{
     election::Election,
+    leader,
     owned::Owned,
     storage::{self, Limits, Object, Resource, Storage},
+    watch as coordinator_watch,
 };
 use crate::{
     cache::{
         Cache,
-        objects::{self, Encoding, Item},
-        serve::{FROM_COORDINATOR, answer_from},
+        objects::Item,
+        serve::{FROM_COORDINATOR, FROM_POOL_LEADER, answer_from},
         store,
     },
     config::Config,
-    kproto,
     proxy::request::RequestInfo,
     upstream::cloud::ProxyBody,
 };
@@ -64,6 +64,14 @@ pub struct PoolStatus {
     pub lists_pushed: u64,
     pub objects_written: u64,
     pub last_push_ms: u64,
+    /// As leader: complete lists of pool-scope resources written, watch events applied,
+    /// events older than what the coordinator held (dropped).
+    #[serde(default)]
+    pub leader_lists: u64,
+    #[serde(default)]
+    pub leader_events: u64,
+    #[serde(default)]
+    pub leader_stale: u64,
     /// "leader" or "follower" in the pool's election; "" before it runs.
     pub role: String,
     /// The hub that leads the pool, as last seen.
@@ -77,12 +85,14 @@ pub struct Pool {
     election: OnceLock<Arc<Election>>,
     healthy: AtomicBool,
     status: Mutex<PoolStatus>,
+    /// Pool-scope resources a leader has synced (gvr -> when that was last checked).
+    synced: Mutex<HashMap<String, (bool, Instant)>>,
 }
 
 /// (objects, sum of resourceVersions): changes whenever the set or a version does.
 type Fingerprint = (usize, u64);
 
-fn resource_of(gvr: &str) -> Option<Resource> {
+pub(super) fn resource_of(gvr: &str) -> Option<Resource> {
     let mut p = gvr.splitn(3, '/');
     let (group, _version, resource) = (p.next()?, p.next()?, p.next()?);
     Some(Resource {
@@ -114,6 +124,7 @@ impl Pool {
             election: OnceLock::new(),
             healthy: AtomicBool::new(false),
             status: Mutex::new(status),
+            synced: Mutex::new(HashMap::new()),
         }
     }
 
@@ -133,6 +144,48 @@ impl Pool {
             s.leader = e.holder();
         }
         s
+    }
+
+    pub fn storage(&self) -> Option<Arc<Storage>> {
+        self.storage.get().map(|(_, s)| s.clone())
+    }
+
+    /// A failure of the leader's sync: shown in status, but the coordinator may be fine.
+    pub fn note_leader_error(&self, e: String) {
+        tracing::warn!("pool leader: {e}");
+        self.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last_error = Some(e);
+    }
+
+    pub fn count_leader(&self, f: impl FnOnce(&mut PoolStatus)) {
+        f(&mut self.status.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// Whether a leader has synced this pool-scope resource into the coordinator (asked of
+    /// etcd at most once a second per resource).
+    async fn leader_synced(&self, storage: &Storage, gvr: &str) -> bool {
+        const RECHECK: Duration = Duration::from_secs(1);
+        if let Some((known, at)) = self
+            .synced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(gvr)
+            .copied()
+            && (known || at.elapsed() < RECHECK)
+        {
+            return known;
+        }
+        let known = matches!(
+            storage.get_meta(&leader::synced_key(gvr)).await,
+            Ok(Some(_))
+        );
+        self.synced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(gvr.to_string(), (known, Instant::now()));
+        known
     }
 
     fn set_error(&self, e: String) {
@@ -354,62 +407,88 @@ impl Pool {
         }
     }
 
-    /// Answers a get or list for the whole pool from the coordinator.
+    /// Answers a get, list or watch for the whole pool from the coordinator. With
+    /// `leader_data_only` (the cloud is up and this hub follows), only resources a leader
+    /// has synced are answered; the rest fall through to the cloud.
     pub async fn serve(
         &self,
         info: &RequestInfo,
         query: &str,
         accept: &str,
+        leader_data_only: bool,
+        keep_open: Arc<dyn Fn() -> bool + Send + Sync>,
     ) -> Result<Response<ProxyBody>, String> {
         if !self.healthy() {
             return Err("unreachable".into());
         }
-        let Some((_, storage)) = self.storage.get() else {
+        let Some(storage) = self.storage() else {
             return Err("not connected".into());
         };
-        if !info.is_resource || !info.subresource.is_empty() || !matches!(info.verb, "get" | "list")
+        if !info.is_resource
+            || !info.subresource.is_empty()
+            || !matches!(info.verb, "get" | "list" | "watch")
         {
             return Err(format!(
-                "{} is not answered from the coordinator yet",
+                "{} is not answered from the coordinator",
                 info.verb
             ));
         }
+        let gvr = info.gvr();
+        if leader_data_only && !self.leader_synced(&storage, &gvr).await {
+            return Err(format!("no leader has synced {gvr} yet"));
+        }
+        let source = if leader_data_only {
+            FROM_POOL_LEADER
+        } else {
+            FROM_COORDINATOR
+        };
         let resource = Resource {
             group: info.group.clone(),
             resource: info.resource.clone(),
         };
         let ns = (!info.namespace.is_empty()).then_some(info.namespace.as_str());
-        let values: Vec<Vec<u8>> = if info.verb == "get" {
-            storage
-                .get(&resource, ns, &info.name)
-                .await
-                .map_err(|e| e.to_string())?
-                .map(|(_, v)| vec![v])
-                .unwrap_or_default()
-        } else {
-            storage
-                .list(&resource, ns)
-                .await
-                .map_err(|e| e.to_string())?
-                .into_iter()
-                .map(|(_, v)| v)
-                .collect()
+        let err = |e: storage::StorageError| e.to_string();
+        let (values, rv): (Vec<Vec<u8>>, u64) = match info.verb {
+            "watch" => {
+                return coordinator_watch::serve(
+                    storage, resource, info, query, accept, source, keep_open,
+                )
+                .await;
+            }
+            "get" => {
+                let found = storage.get(&resource, ns, &info.name).await.map_err(err)?;
+                match found {
+                    Some((rv, v)) => (vec![v], rv),
+                    None => (vec![], 0),
+                }
+            }
+            _ => {
+                // The list stands at the newest version the coordinator knows in this
+                // scope, deletions included, as a cloud list would.
+                let snap = storage.snapshot(&resource, ns).await.map_err(err)?;
+                let rv = snap
+                    .versions
+                    .iter()
+                    .map(|(_, rv, _)| *rv)
+                    .max()
+                    .unwrap_or(0);
+                (snap.objects.into_iter().map(|(_, v)| v).collect(), rv)
+            }
         };
-        if values.is_empty() {
+        if values.is_empty() && !leader_data_only {
             return Err(format!("the pool holds no {}", info.resource));
         }
         let items: Vec<Item> = values
             .iter()
-            .filter_map(|v| {
-                let enc = if v.starts_with(kproto::MAGIC) {
-                    Encoding::Protobuf
-                } else {
-                    Encoding::Json
-                };
-                objects::parse_object(&info.resource, enc, v).ok()
-            })
+            .filter_map(|v| coordinator_watch::parse_stored(&info.resource, v))
             .collect();
-        let rv = items.iter().map(|i| i.rv).max().unwrap_or(0);
-        answer_from(FROM_COORDINATOR, items, rv, info, query, accept)
+        if info.verb == "get" && items.is_empty() {
+            return Ok(crate::proxy::forward::status(
+                hyper::StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("{} {:?} not found", info.resource, info.name),
+            ));
+        }
+        answer_from(source, items, rv, info, query, accept)
     }
 }

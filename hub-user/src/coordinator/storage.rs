@@ -22,7 +22,7 @@ use std::{collections::HashSet, sync::Mutex, time::Duration};
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
+    TxnResponse, WatchClient, WatchOptions, WatchStream,
 };
 
 use super::{
@@ -119,6 +119,16 @@ pub enum Outcome {
     Unchanged,
     /// The coordinator holds a newer resourceVersion: this one was dropped.
     Stale { stored: u64 },
+}
+
+/// A scope of the coordinator read at one etcd revision.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub revision: i64,
+    /// (object key, stored value).
+    pub objects: Vec<(String, Vec<u8>)>,
+    /// (object key, cloud resourceVersion, deleted) for every key known, deletions too.
+    pub versions: Vec<(String, u64, bool)>,
 }
 
 /// What a ReplaceComponentList did.
@@ -235,6 +245,7 @@ fn unreachable(e: &etcd_client::Error) -> bool {
 
 pub struct Storage {
     kv: KvClient,
+    watch: WatchClient,
     prefix: String,
     owned: Owned,
     limits: Limits,
@@ -293,6 +304,7 @@ impl Storage {
             .max_encoding_message_size(limits.max_request_bytes.max(4 << 20) * 2);
         let s = Storage {
             kv,
+            watch: client.watch_client(),
             prefix: prefix.to_string(),
             owned,
             limits,
@@ -315,6 +327,11 @@ impl Storage {
             return Err(StorageError::Injected(step));
         }
         Ok(())
+    }
+
+    /// The key prefix of a resource's objects (in one namespace, or all).
+    pub fn scope(&self, r: &Resource, namespace: Option<&str>) -> Result<String, KeyError> {
+        keys::range_prefix(&self.prefix, &r.group, &r.resource, namespace)
     }
 
     fn key(&self, r: &Resource, namespace: Option<&str>, name: &str) -> Result<String, KeyError> {
@@ -529,6 +546,101 @@ impl Storage {
             .collect())
     }
 
+    /// Everything a scope holds at one etcd revision: the objects, and the newest cloud
+    /// resourceVersion of every key the coordinator knows, deletions included.
+    pub async fn snapshot(
+        &self,
+        r: &Resource,
+        namespace: Option<&str>,
+    ) -> Result<Snapshot, StorageError> {
+        let prefix = keys::range_prefix(&self.prefix, &r.group, &r.resource, namespace)?;
+        let prefixed = || Some(GetOptions::new().with_prefix());
+        let resp = self
+            .txn(Txn::new().and_then([
+                TxnOp::get(prefix.as_str(), prefixed()),
+                TxnOp::get(rv_key(&prefix), prefixed()),
+            ]))
+            .await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
+            TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        });
+        let (Some(objects), Some(versions)) = (gets.next(), gets.next()) else {
+            return Err(StorageError::Shape);
+        };
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        Ok(Snapshot {
+            revision,
+            objects: objects
+                .kvs()
+                .iter()
+                .map(|kv| (text(kv.key()), kv.value().to_vec()))
+                .collect(),
+            versions: versions
+                .kvs()
+                .iter()
+                .filter_map(|kv| {
+                    let key = text(kv.key()).strip_prefix(META_PREFIX)?.to_string();
+                    let rv = parse_rv(kv.value())?;
+                    Some((key, rv, kv.value().ends_with(b"d")))
+                })
+                .collect(),
+        })
+    }
+
+    /// A stream of every change to a scope's objects after `revision` (with the previous
+    /// value of each, so deletions carry the object).
+    pub async fn watch(
+        &self,
+        r: &Resource,
+        namespace: Option<&str>,
+        revision: i64,
+    ) -> Result<WatchStream, StorageError> {
+        let prefix = keys::range_prefix(&self.prefix, &r.group, &r.resource, namespace)?;
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_prev_key()
+            .with_start_revision(revision + 1);
+        Ok(self.watch.clone().watch(prefix, Some(opts)).await?)
+    }
+
+    /// The cloud resourceVersion the coordinator holds for an object key (a deletion's
+    /// tombstone included), or 0.
+    pub async fn version_of(&self, key: &str) -> Result<u64, StorageError> {
+        let resp = self
+            .txn(Txn::new().and_then([TxnOp::get(rv_key(key), None)]))
+            .await?;
+        Ok(match resp.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Get(g)) => g
+                .kvs()
+                .first()
+                .and_then(|kv| parse_rv(kv.value()))
+                .unwrap_or(0),
+            _ => 0,
+        })
+    }
+
+    /// A small bookkeeping value outside the object prefixes (markers of the pool).
+    pub async fn put_meta(&self, key: &str, value: &str) -> Result<(), StorageError> {
+        self.txn(Txn::new().and_then([TxnOp::put(key, value, None)]))
+            .await?;
+        Ok(())
+    }
+
+    pub async fn get_meta(&self, key: &str) -> Result<Option<String>, StorageError> {
+        let resp = self
+            .txn(Txn::new().and_then([TxnOp::get(key, None)]))
+            .await?;
+        Ok(match resp.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Get(g)) => g
+                .kvs()
+                .first()
+                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+            _ => None,
+        })
+    }
+
     /// The keys a component owns (from the local ownership store).
     pub fn list_keys_of_component(&self, component: &str) -> Result<Vec<String>, StorageError> {
         Ok(self
@@ -550,6 +662,35 @@ impl Storage {
         list_rv: u64,
         objects: &[Object],
     ) -> Result<Replaced, StorageError> {
+        self.replace(component, r, namespace, list_rv, objects, None)
+            .await
+    }
+
+    /// Makes the coordinator hold exactly `objects` for the whole resource, whoever wrote
+    /// the keys it no longer has: the complete, unfiltered list of the cloud at `list_rv`
+    /// is the truth for every key not written since (those are kept by their newer
+    /// resourceVersion). `marker` (key, value) is written in the same Txn.
+    pub async fn replace_resource(
+        &self,
+        component: &str,
+        r: &Resource,
+        list_rv: u64,
+        objects: &[Object],
+        marker: (&str, &str),
+    ) -> Result<Replaced, StorageError> {
+        self.replace(component, r, None, list_rv, objects, Some(marker))
+            .await
+    }
+
+    async fn replace(
+        &self,
+        component: &str,
+        r: &Resource,
+        namespace: Option<&str>,
+        list_rv: u64,
+        objects: &[Object],
+        whole_resource: Option<(&str, &str)>,
+    ) -> Result<Replaced, StorageError> {
         let scope = keys::range_prefix(&self.prefix, &r.group, &r.resource, namespace)?;
         let mut put = Vec::with_capacity(objects.len());
         let mut bytes = 0;
@@ -567,24 +708,41 @@ impl Storage {
             put.push((key, o.rv));
         }
         let listed: HashSet<&str> = put.iter().map(|(k, _)| k.as_str()).collect();
-        let gone: Vec<(String, u64)> = self
+        let mut candidates: Vec<String> = self
             .owned
             .keys(component, &scope)?
             .into_iter()
-            .filter(|(k, _)| !listed.contains(k.as_str()))
-            .map(|(k, _)| (k, list_rv))
+            .map(|(k, _)| k)
+            .collect();
+        if whole_resource.is_some() {
+            candidates.extend(self.keys_in(&scope).await?);
+            candidates.sort();
+            candidates.dedup();
+        }
+        let gone: Vec<(String, u64)> = candidates
+            .into_iter()
+            .filter(|k| !listed.contains(k.as_str()))
+            .map(|k| (k, list_rv))
             .collect();
         bytes += gone.iter().map(|(k, _)| 2 * k.len() + 64).sum::<usize>();
         let what = format!("replacing {} {} objects", objects.len(), r.resource);
         // etcd gives a nested Txn only the operations its parent leaves (max-txn-ops minus
         // the parent's count), and each object's Txn needs two.
-        self.check_limits(&what, put.len() + gone.len() + NESTED_OPS, bytes)?;
+        let marker_ops = usize::from(whole_resource.is_some());
+        self.check_limits(
+            &what,
+            put.len() + gone.len() + marker_ops + NESTED_OPS,
+            bytes,
+        )?;
         let mut ops: Vec<TxnOp> = objects
             .iter()
             .zip(&put)
             .map(|(o, (k, _))| TxnOp::txn(upsert_txn(k, o.rv, &o.value)))
             .collect();
         ops.extend(gone.iter().map(|(k, rv)| TxnOp::txn(delete_txn(k, *rv))));
+        if let Some((key, value)) = whole_resource {
+            ops.push(TxnOp::put(key, value, None));
+        }
         let intent = Intent {
             component: component.into(),
             put,
@@ -596,7 +754,8 @@ impl Storage {
             ..Default::default()
         };
         let responses = resp.op_responses();
-        for (i, r) in responses.into_iter().enumerate() {
+        let per_object = intent.put.len() + intent.delete.len();
+        for (i, r) in responses.into_iter().take(per_object).enumerate() {
             let TxnOpResponse::Txn(t) = r else {
                 return Err(StorageError::Shape);
             };
@@ -616,6 +775,22 @@ impl Storage {
         let released: Vec<String> = intent.delete.iter().map(|(k, _)| k.clone()).collect();
         self.owned.finish(id, component, &intent.put, &released)?;
         Ok(done)
+    }
+
+    /// Every object key in a range (keys only).
+    async fn keys_in(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+        let opts = GetOptions::new().with_prefix().with_keys_only();
+        let resp = self
+            .txn(Txn::new().and_then([TxnOp::get(prefix, Some(opts))]))
+            .await?;
+        let Some(TxnOpResponse::Get(got)) = resp.op_responses().into_iter().next() else {
+            return Err(StorageError::Shape);
+        };
+        Ok(got
+            .kvs()
+            .iter()
+            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+            .collect())
     }
 
     /// Deletes every object a component owns, in one Txn.

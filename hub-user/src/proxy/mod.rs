@@ -225,10 +225,8 @@ impl Proxy {
             cloud_healthy: self.cloud.healthy(),
             cloud_unknown: !self.cloud.health_known(),
             coordinator_healthy: self.pool.as_ref().is_some_and(|p| p.healthy()),
-            // No leader election yet (issue 8): every hub reads pool-scope resources from
-            // the cloud itself while it is up, as the leader would, rather than from what
-            // hubs last pushed.
-            leader: true,
+            // Without a pool, this hub reads everything from the cloud itself.
+            leader: self.pool.as_ref().is_none_or(|p| p.is_leader()),
             pool_scope: info.is_resource && self.pool_scope.iter().any(|p| *p == info.gvr()),
             cloud_only: !info.is_read(),
         };
@@ -358,7 +356,22 @@ impl Proxy {
                         );
                         continue;
                     }
-                    match pool.serve(&info, &query, &accept).await {
+                    // A watch served from here ends once the hub would route it elsewhere;
+                    // the client then re-lists there.
+                    let (p, cloud) = (pool.clone(), self.cloud.clone());
+                    let pool_scope = inputs.pool_scope;
+                    let keep_open = move || p.healthy() && (pool_scope || !cloud.healthy());
+                    let leader_data_only = inputs.cloud_healthy;
+                    match pool
+                        .serve(
+                            &info,
+                            &query,
+                            &accept,
+                            leader_data_only,
+                            Arc::new(keep_open),
+                        )
+                        .await
+                    {
                         Ok(resp) => {
                             self.record(
                                 Route::Coordinator,
@@ -367,7 +380,20 @@ impl Proxy {
                                 resp.status(),
                                 started,
                             );
-                            return resp;
+                            // The node's cache keeps what it was served, for when the
+                            // coordinator is unreachable too.
+                            let resp = match &self.cache {
+                                Some(c) => c.tee(
+                                    resp,
+                                    &info,
+                                    &path,
+                                    &query,
+                                    || credential.to_string(),
+                                    &component_name,
+                                ),
+                                None => resp,
+                            };
+                            return if streaming { self.counted(resp) } else { resp };
                         }
                         Err(e) => why.push(format!("coordinator: {e}")),
                     }

@@ -1,0 +1,273 @@
+//! Watches answered from the pool coordinator (design.md §7): the scope is read at one
+//! etcd revision, then an etcd watch from the next revision carries every later change,
+//! so nothing falls between the two. Events carry the cloud's resourceVersions (the
+//! objects are stored as the cloud sent them), so a client that later re-lists or watches
+//! from the cloud continues consistently. A selector is applied to the old and the new
+//! state of each change: an object leaving the selection is a DELETED event, one entering
+//! it an ADDED event, as kube-apiserver does.
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use etcd_client::EventType as EtcdEvent;
+use http_body_util::BodyExt;
+use hyper::Response;
+use tokio::sync::mpsc;
+
+use super::storage::{Resource, Storage};
+use crate::{
+    cache::{
+        objects::{self, Encoding, Item},
+        serve::{
+            BOOKMARK_EVERY, CLOUD_CHECK, ChannelBody, accepted, api_version, bad_request, event,
+            meta_only, param, respond, selector,
+        },
+        store::ObjectKey,
+    },
+    kproto,
+    proxy::request::RequestInfo,
+    upstream::cloud::ProxyBody,
+};
+
+/// Decodes a stored value (JSON, or protobuf in its `k8s\0` envelope).
+pub fn parse_stored(resource: &str, value: &[u8]) -> Option<Item> {
+    let enc = if value.starts_with(kproto::MAGIC) {
+        Encoding::Protobuf
+    } else {
+        Encoding::Json
+    };
+    objects::parse_object(resource, enc, value).ok()
+}
+
+/// (namespace, name) of an object key below `scope` (the key prefix of the request).
+fn name_of(scope: &str, namespace: &str, key: &str) -> ObjectKey {
+    let rest = key.strip_prefix(scope).unwrap_or(key);
+    let (ns, name) = match (namespace.is_empty(), rest.split_once('/')) {
+        (true, Some((ns, name))) => (ns, name),
+        _ => (namespace, rest),
+    };
+    ObjectKey {
+        credential: String::new(),
+        gvr: String::new(),
+        namespace: ns.into(),
+        name: name.into(),
+        component: String::new(),
+    }
+}
+
+/// The object as it was deleted: its last state with the deletion's resourceVersion.
+fn with_rv(mut item: Item, rv: u64) -> Item {
+    let body = match item.encoding {
+        Encoding::Json => serde_json::from_slice::<serde_json::Value>(&item.body)
+            .ok()
+            .and_then(|mut v| {
+                v["metadata"]["resourceVersion"] = rv.to_string().into();
+                serde_json::to_vec(&v).ok()
+            }),
+        Encoding::Protobuf => kproto::with_resource_version(&item.body, &rv.to_string()),
+    };
+    if let Some(b) = body {
+        item.body = b;
+        item.rv = rv;
+    }
+    item
+}
+
+/// Serves a watch of `info`'s scope from the coordinator. It ends when the client goes,
+/// its timeoutSeconds are up, the etcd watch ends, or `keep_open` turns false (the hub
+/// routes this resource elsewhere now: the client re-lists there).
+pub async fn serve(
+    storage: Arc<Storage>,
+    resource: Resource,
+    info: &RequestInfo,
+    query: &str,
+    accept: &str,
+    source: &'static str,
+    keep_open: Arc<dyn Fn() -> bool + Send + Sync>,
+) -> Result<Response<ProxyBody>, String> {
+    let prefs = accepted(accept);
+    if prefs.is_empty() {
+        return Err(format!("the client accepts only {accept:?}"));
+    }
+    let sel = match selector(info, query)? {
+        Ok(s) => s,
+        Err(msg) => return Ok(bad_request(&msg)),
+    };
+    let ns = (!info.namespace.is_empty()).then_some(info.namespace.as_str());
+    let scope = storage.scope(&resource, ns).map_err(|e| e.to_string())?;
+    let snap = storage
+        .snapshot(&resource, ns)
+        .await
+        .map_err(|e| e.to_string())?;
+    // Start the etcd watch before answering, so a failure is still a clean fall-through.
+    let mut stream = storage
+        .watch(&resource, ns, snap.revision)
+        .await
+        .map_err(|e| e.to_string())?;
+    let items: Vec<Item> = snap
+        .objects
+        .iter()
+        .filter_map(|(_, v)| parse_stored(&info.resource, v))
+        .collect();
+    // The encoding that answers with the most objects (ties: the client's order).
+    let enc = prefs
+        .iter()
+        .copied()
+        .max_by_key(|e| {
+            let n = items.iter().filter(|i| i.encoding == *e).count();
+            (n, std::cmp::Reverse(prefs.iter().position(|p| p == e)))
+        })
+        .unwrap_or(Encoding::Json);
+    let av = api_version(info);
+    let kind = items.first().map(|i| i.kind.clone()).unwrap_or_default();
+    let mut newest = snap
+        .versions
+        .iter()
+        .map(|(_, rv, _)| *rv)
+        .max()
+        .unwrap_or(0);
+    let from: u64 = param(query, "resourceVersion").parse().unwrap_or(0);
+    let send_initial = param(query, "sendInitialEvents") == "true";
+    let initial = from == 0 || send_initial;
+    let bookmarks = param(query, "allowWatchBookmarks") == "true";
+    let mut first: Vec<Bytes> = Vec::new();
+    for item in items.iter().filter(|i| i.encoding == enc) {
+        if (initial || item.rv > from) && sel.matches(&item.labels, &item.fields) {
+            first.push(event(enc, if initial { "ADDED" } else { "MODIFIED" }, item));
+        }
+    }
+    if !initial {
+        for (key, rv, _) in snap.versions.iter().filter(|(_, rv, d)| *d && *rv > from) {
+            let gone = meta_only(
+                enc,
+                &av,
+                &kind,
+                Some(&name_of(&scope, &info.namespace, key)),
+                *rv,
+                &[],
+            );
+            first.push(event(enc, "DELETED", &gone));
+        }
+    }
+    if send_initial {
+        let end = meta_only(
+            enc,
+            &av,
+            &kind,
+            None,
+            newest,
+            &[("k8s.io/initial-events-end", "true")],
+        );
+        first.push(event(enc, "BOOKMARK", &end));
+    }
+    let timeout = param(query, "timeoutSeconds")
+        .parse::<u64>()
+        .ok()
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs);
+    let resource_name = info.resource.clone();
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let mut last_bookmark = Instant::now();
+        for b in first {
+            if tx.send(b).await.is_err() {
+                return;
+            }
+        }
+        let mut tick = tokio::time::interval(CLOUD_CHECK);
+        loop {
+            let msg = tokio::select! {
+                m = stream.message() => m,
+                _ = tick.tick() => {
+                    if !keep_open() || timeout.is_some_and(|t| started.elapsed() >= t) {
+                        return;
+                    }
+                    if bookmarks && last_bookmark.elapsed() >= BOOKMARK_EVERY {
+                        last_bookmark = Instant::now();
+                        let b = event(enc, "BOOKMARK", &meta_only(enc, &av, &kind, None, newest, &[]));
+                        if tx.send(b).await.is_err() {
+                            return;
+                        }
+                    }
+                    continue;
+                }
+                _ = tx.closed() => return,
+            };
+            // The etcd watch ended or failed: end the client's watch, it re-watches.
+            let Ok(Some(resp)) = msg else { return };
+            if resp.canceled() {
+                return;
+            }
+            for ev in resp.events() {
+                let now = ev
+                    .kv()
+                    .and_then(|kv| parse_stored(&resource_name, kv.value()));
+                let before = ev
+                    .prev_kv()
+                    .and_then(|kv| parse_stored(&resource_name, kv.value()));
+                let matches = |i: &Option<Item>| {
+                    i.as_ref()
+                        .is_some_and(|i| sel.matches(&i.labels, &i.fields))
+                };
+                let (ty, item) = match ev.event_type() {
+                    EtcdEvent::Put => match (matches(&before), matches(&now)) {
+                        (false, true) => ("ADDED", now),
+                        (true, true) => ("MODIFIED", now),
+                        (true, false) => ("DELETED", now),
+                        (false, false) => continue,
+                    },
+                    EtcdEvent::Delete => {
+                        if !matches(&before) {
+                            continue;
+                        }
+                        let key = ev
+                            .kv()
+                            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
+                        let rv = match &key {
+                            Some(k) => storage.version_of(k).await.unwrap_or(0),
+                            None => 0,
+                        };
+                        (
+                            "DELETED",
+                            before.map(|b| if rv > b.rv { with_rv(b, rv) } else { b }),
+                        )
+                    }
+                };
+                // An object stored in another encoding than this stream's cannot be sent
+                // in it; the client's next list shows it left out.
+                let Some(item) = item.filter(|i| i.encoding == enc) else {
+                    continue;
+                };
+                newest = newest.max(item.rv);
+                if tx.send(event(enc, ty, &item)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let ct = match enc {
+        Encoding::Json => "application/json".to_string(),
+        Encoding::Protobuf => format!("{};stream=watch", enc.content_type()),
+    };
+    let mut resp = respond(source, &ct, Bytes::new(), None);
+    *resp.body_mut() = ChannelBody(rx).boxed();
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_keys() {
+        let k = name_of("/registry/pods/", "", "/registry/pods/ns1/p-1");
+        assert_eq!((k.namespace.as_str(), k.name.as_str()), ("ns1", "p-1"));
+        let k = name_of("/registry/pods/ns1/", "ns1", "/registry/pods/ns1/p-1");
+        assert_eq!((k.namespace.as_str(), k.name.as_str()), ("ns1", "p-1"));
+        let k = name_of("/registry/minions/", "", "/registry/minions/edge-1");
+        assert_eq!((k.namespace.as_str(), k.name.as_str()), ("", "edge-1"));
+    }
+}
