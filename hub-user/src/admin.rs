@@ -275,6 +275,18 @@ pub fn render(s: &StatusReport) -> String {
         None => "none (no pool)".to_string(),
     };
     let _ = writeln!(out, "role:         {role}");
+    if let Some(c) = s.coordinator.as_ref().filter(|c| c.role == "leader") {
+        let _ = writeln!(
+            out,
+            "  as leader:  {} pool-scope lists, {} events synced ({} stale); {} sweeps removed {} objects and {} departed hubs' records",
+            c.leader_lists,
+            c.leader_events,
+            c.leader_stale,
+            c.gc.sweeps,
+            c.gc.removed,
+            c.gc.nodes_removed
+        );
+    }
     for (route, c) in &s.routes {
         let _ = writeln!(
             out,

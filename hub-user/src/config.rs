@@ -161,6 +161,17 @@ pub struct CoordinatorConfig {
     /// TTL of the pool leader's lease: a leader that dies is replaced after about this long.
     #[serde(default = "default_leader_lease_seconds")]
     pub leader_lease_seconds: u64,
+    /// How often the pool leader removes what no live hub holds any more.
+    #[serde(default = "default_gc_interval_seconds")]
+    pub gc_interval_seconds: u64,
+    /// How long a hub may be gone from the pool before the keys only it held are removed
+    /// (a reboot or a short outage keeps them).
+    #[serde(default = "default_node_grace_seconds")]
+    pub node_grace_seconds: u64,
+    /// Objects the node's cache got from a single GET (no list or watch keeps them current)
+    /// leave the coordinator this long after they last changed; the node's cache keeps them.
+    #[serde(default = "default_get_object_ttl_seconds")]
+    pub get_object_ttl_seconds: u64,
 }
 
 fn yes() -> bool {
@@ -203,6 +214,15 @@ fn default_max_request_bytes() -> usize {
 }
 fn default_leader_lease_seconds() -> u64 {
     10
+}
+fn default_gc_interval_seconds() -> u64 {
+    60
+}
+fn default_node_grace_seconds() -> u64 {
+    600
+}
+fn default_get_object_ttl_seconds() -> u64 {
+    3600
 }
 fn default_prefix() -> String {
     "/registry".into()
@@ -261,6 +281,9 @@ impl Default for CoordinatorConfig {
             max_txn_ops: default_max_txn_ops(),
             max_request_bytes: default_max_request_bytes(),
             leader_lease_seconds: default_leader_lease_seconds(),
+            gc_interval_seconds: default_gc_interval_seconds(),
+            node_grace_seconds: default_node_grace_seconds(),
+            get_object_ttl_seconds: default_get_object_ttl_seconds(),
         }
     }
 }
@@ -336,6 +359,17 @@ impl Config {
             && !is_dns_subdomain(pool)
         {
             return Err(invalid("poolName", format!("`{pool}` is not a valid name")));
+        }
+        let c = &self.coordinator;
+        for (field, v) in [
+            ("coordinator.leaderLeaseSeconds", c.leader_lease_seconds),
+            ("coordinator.gcIntervalSeconds", c.gc_interval_seconds),
+            ("coordinator.nodeGraceSeconds", c.node_grace_seconds),
+            ("coordinator.getObjectTtlSeconds", c.get_object_ttl_seconds),
+        ] {
+            if v == 0 {
+                return Err(invalid(field, "must be at least 1 second"));
+            }
         }
         if self.cloud.servers.is_empty() && self.cloud.kubeconfig.is_none() {
             return Err(invalid(

@@ -506,3 +506,197 @@ fn the_leader_syncs_pool_scope_resources_for_the_pool_and_followers_watch_them_a
         "{keys}"
     );
 }
+
+fn etcd_keys(etcd: &EtcdCluster, prefix: &str) -> Vec<String> {
+    etcd.etcdctl(
+        &etcd.endpoints(),
+        &["get", prefix, "--prefix", "--keys-only"],
+    )
+    .unwrap_or_default()
+    .lines()
+    .filter(|l| !l.is_empty())
+    .map(String::from)
+    .collect()
+}
+
+#[test]
+fn what_no_live_hub_holds_leaves_the_coordinator_and_what_one_holds_stays() {
+    const GRACE: u64 = 3;
+    let etcd = EtcdCluster::start(1);
+    let ca = Arc::new(TestCa::new("cloud-ca"));
+    let cloud = StandIn::start_with_ca(
+        "127.0.0.1:0".parse().unwrap(),
+        Options::default(),
+        ca.clone(),
+    )
+    .unwrap();
+    cloud.state.auth.write().unwrap().add_test_identities();
+    seed::base(&cloud.state.store);
+    let names = ["edge-0", "edge-1", "edge-2"];
+    for n in names {
+        seed::node(&cloud.state.store, n);
+        for p in 0..2 {
+            seed::pod(
+                &cloud.state.store,
+                "default",
+                &format!("{n}-pod-{p}"),
+                n,
+                "web",
+            );
+        }
+    }
+    for cm in ["shared", "one-off-0", "only-2"] {
+        seed::configmap(
+            &cloud.state.store,
+            "default",
+            cm,
+            serde_json::json!({"k": cm}),
+        );
+    }
+    let dir = TempDir::new("pool");
+    let pkis: Vec<_> = names
+        .iter()
+        .map(|n| {
+            let d = dir.path().join(n);
+            std::fs::create_dir_all(&d).unwrap();
+            ca.write_hub_pki(&d, n, &[]).unwrap()
+        })
+        .collect();
+    let more = format!(
+        "  leaderLeaseSeconds: 2\n  gcIntervalSeconds: 1\n  nodeGraceSeconds: {GRACE}\n  getObjectTtlSeconds: 3\n"
+    );
+    let mut nodes: Vec<Node> = names
+        .iter()
+        .zip(&pkis)
+        .map(|(n, pki)| start_named_hub(&cloud, pki, &etcd, n, &more))
+        .collect();
+    let tls_ports: Vec<u16> = nodes.iter().map(|n| n.tls).collect();
+    let kubelet = |i: usize, path: &str| {
+        let c = Client::new(
+            format!("127.0.0.1:{}", tls_ports[i]).parse().unwrap(),
+            ca.cert_der(),
+            None,
+            Some(&pkis[i].kubelet),
+        );
+        let r = c
+            .request(
+                "GET",
+                path,
+                &[
+                    ("User-Agent", "kubelet/v1.32.0"),
+                    ("Accept", "application/json"),
+                ],
+                &[],
+            )
+            .unwrap();
+        assert_eq!(
+            r.status,
+            200,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+    };
+    let cms = "/api/v1/namespaces/default/configmaps";
+    for (i, n) in names.iter().enumerate() {
+        kubelet(
+            i,
+            &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{n}"),
+        );
+    }
+    // edge-0 keeps every configmap current with a list, but got one-off-0 by GET first;
+    // edge-2 got `shared` and `only-2` by single GETs.
+    kubelet(0, &format!("{cms}/one-off-0"));
+    kubelet(0, &format!("{cms}?fieldSelector=metadata.name%3Dshared"));
+    kubelet(2, &format!("{cms}/shared"));
+    kubelet(2, &format!("{cms}/only-2"));
+    let pods = || etcd_keys(&etcd, "/registry/pods/");
+    let configmaps = || etcd_keys(&etcd, "/registry/configmaps/");
+    wait_for(
+        "every hub's objects in the coordinator",
+        Duration::from_secs(20),
+        || (pods().len() == 6 && configmaps().len() == 3).then_some(()),
+    );
+    wait_for("a leader", Duration::from_secs(20), || {
+        nodes
+            .iter()
+            .any(|n| n.hub.status()["coordinator"]["role"] == "leader")
+            .then_some(())
+    });
+
+    // A GET-only object ages out of the pool; the node's own cache keeps it.
+    wait_for(
+        "one-off-0 aged out of the coordinator",
+        Duration::from_secs(20),
+        || (!configmaps().iter().any(|k| k.ends_with("/one-off-0"))).then_some(()),
+    );
+    assert!(
+        nodes[0]
+            .hub
+            .admin_get("/v1/cache/ls?resource=configmaps")
+            .contains("one-off-0")
+    );
+    // Keys edge-0 holds by its list are not aged, whoever else got them by GET.
+    assert!(configmaps().iter().any(|k| k.ends_with("/shared")));
+
+    // edge-2's hub goes away for good (restarts would come back within the grace).
+    let pid = nodes[2].hub.proc.pid();
+    nodes[2].hub.proc.kill9();
+    eprintln!("killed edge-2's hub (pid {pid})");
+    wait_for(
+        "edge-2's membership to expire",
+        Duration::from_secs(10),
+        || {
+            etcd_keys(&etcd, "/hub/members/pool-a/edge-2")
+                .is_empty()
+                .then_some(())
+        },
+    );
+    // Within the grace its keys stay (the sweep starts counting only now).
+    assert_eq!(pods().len(), 6, "kept within the grace");
+    let gone = Instant::now();
+    wait_for(
+        "edge-2's keys removed after the grace",
+        Duration::from_secs(GRACE + 15),
+        || {
+            let p = pods();
+            (p.len() == 4 && !p.iter().any(|k| k.contains("edge-2"))).then_some(())
+        },
+    );
+    eprintln!(
+        "edge-2's pods removed {:?} after its membership expired (grace {GRACE} s)",
+        gone.elapsed()
+    );
+    let left = configmaps();
+    assert!(!left.iter().any(|k| k.ends_with("/only-2")), "{left:?}");
+    assert!(
+        left.iter().any(|k| k.ends_with("/shared")),
+        "held by edge-0's list: {left:?}"
+    );
+    assert!(etcd_keys(&etcd, "/hub/sets/pool-a/edge-2/").is_empty());
+    // The removed objects' resourceVersion companions went too: a hub caching them again
+    // brings them back.
+    assert!(etcd_keys(&etcd, "/hub/rv/registry/configmaps/default/only-2").is_empty());
+    kubelet(1, &format!("{cms}/only-2"));
+    wait_for(
+        "only-2 pushed again by edge-1",
+        Duration::from_secs(10),
+        || {
+            configmaps()
+                .iter()
+                .any(|k| k.ends_with("/only-2"))
+                .then_some(())
+        },
+    );
+    // The leader's status counts what its sweeps removed (edge-2's two pods and only-2,
+    // at least, whichever hub led when one-off-0 aged out).
+    let gc = wait_for("the leader's sweep counts", Duration::from_secs(10), || {
+        nodes.iter().take(2).find_map(|n| {
+            let c = n.hub.status()["coordinator"].clone();
+            (c["role"] == "leader").then(|| c["gc"].clone())
+        })
+    });
+    assert!(
+        gc["removed"].as_u64() >= Some(3) && gc["nodes_removed"] == 1,
+        "{gc}"
+    );
+}

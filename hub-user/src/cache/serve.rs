@@ -455,6 +455,7 @@ pub fn answer_from(
             };
             let rec = Record {
                 deleted: false,
+                one_off: false,
                 stored_at: 0,
                 item,
             };

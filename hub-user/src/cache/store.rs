@@ -136,6 +136,9 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     pub deleted: bool,
+    /// Written by a GET answer and by no list or watch since: the pool lets such objects
+    /// age out of the coordinator (the node's cache keeps them).
+    pub one_off: bool,
     /// Unix seconds when it was written.
     pub stored_at: u64,
     pub item: Item,
@@ -179,7 +182,11 @@ impl Record {
         let i = &self.item;
         let mut out = Vec::with_capacity(64 + i.body.len());
         out.push(RECORD_VERSION);
-        out.push(u8::from(self.deleted) | (u8::from(i.encoding == Encoding::Protobuf) << 1));
+        out.push(
+            u8::from(self.deleted)
+                | (u8::from(i.encoding == Encoding::Protobuf) << 1)
+                | (u8::from(self.one_off) << 2),
+        );
         out.extend_from_slice(&i.rv.to_le_bytes());
         out.extend_from_slice(&self.stored_at.to_le_bytes());
         for s in [&i.name, &i.namespace, &i.api_version, &i.kind] {
@@ -222,6 +229,7 @@ impl Record {
         };
         Some(Record {
             deleted: flags & 1 != 0,
+            one_off: flags & 4 != 0,
             stored_at,
             item,
         })
@@ -243,8 +251,13 @@ fn list_key(credential: &str, gvr: &str, namespace: &str) -> Vec<u8> {
 /// One change, applied inside a batch's transaction.
 #[derive(Debug)]
 pub enum Write {
-    /// A GET answer or a watch ADDED/MODIFIED: kept unless the store has something fresher.
-    Upsert { key: ObjectKey, item: Item },
+    /// A GET answer (`one_off`) or a watch ADDED/MODIFIED: kept unless the store has
+    /// something fresher.
+    Upsert {
+        key: ObjectKey,
+        item: Item,
+        one_off: bool,
+    },
     /// A watch DELETED: a tombstone, unless the store has something fresher.
     Delete { key: ObjectKey, item: Item },
     /// A complete LIST: the component's objects in that namespace (all, if empty) that the
@@ -467,15 +480,21 @@ impl Store {
             let now = now();
             for w in writes {
                 match w {
-                    Write::Upsert { key, item } => {
+                    Write::Upsert { key, item, one_off } => {
                         let k = key.encode();
                         let old = stored(&objects, &k)?;
-                        if old.is_some_and(|o| supersedes(&o, item.rv, item.encoding)) {
+                        if old
+                            .as_ref()
+                            .is_some_and(|o| supersedes(o, item.rv, item.encoding))
+                        {
                             applied.stale += 1;
                             continue;
                         }
+                        // An object a list or watch keeps current stays so after a GET.
+                        let one_off = one_off && old.is_none_or(|o| o.one_off || o.deleted);
                         let rec = Record {
                             deleted: false,
+                            one_off,
                             stored_at: now,
                             item,
                         };
@@ -561,7 +580,7 @@ impl Store {
         let objects = txn.open_table(OBJECTS).map_err(db_err)?;
         let mut out = Vec::with_capacity(writes.len());
         for w in writes {
-            if let Write::Upsert { key, item } = &w {
+            if let Write::Upsert { key, item, .. } = &w {
                 let held = objects.get(key.encode().as_slice()).map_err(db_err)?;
                 let repeat = held
                     .and_then(|v| Record::decode(v.value()))
@@ -606,6 +625,7 @@ impl Store {
             if let Some((key, item)) = update {
                 let rec = Record {
                     deleted: false,
+                    one_off: false,
                     stored_at: now(),
                     item,
                 };
@@ -674,6 +694,7 @@ fn tombstone(mut item: Item, now: u64) -> Record {
     item.body.clear();
     Record {
         deleted: true,
+        one_off: false,
         stored_at: now,
         item,
     }
@@ -745,6 +766,7 @@ fn replace_list(
         }
         let rec = Record {
             deleted: false,
+            one_off: false,
             stored_at: now,
             item,
         };
@@ -852,6 +874,7 @@ mod tests {
     fn record_round_trip_and_corruption() {
         let r = Record {
             deleted: false,
+            one_off: true,
             stored_at: 5,
             item: item("d", "a", 9, "web"),
         };
@@ -862,12 +885,38 @@ mod tests {
     }
 
     #[test]
+    fn objects_only_a_get_brought_are_one_off_until_a_list_covers_them() {
+        let dir = temp();
+        let s = Store::open(&dir).unwrap();
+        let get = |rv| Write::Upsert {
+            key: key("d", "a", "kubelet"),
+            item: item("d", "a", rv, "web"),
+            one_off: true,
+        };
+        let one_off = |s: &Store| {
+            s.scan(&prefix("node", "/v1/pods", None, None)).unwrap()[0]
+                .1
+                .one_off
+        };
+        s.apply(vec![get(5)]).unwrap();
+        assert!(one_off(&s));
+        s.apply(vec![replace("", "", 6, vec![item("d", "a", 6, "web")])])
+            .unwrap();
+        assert!(!one_off(&s));
+        // A later GET of a listed object does not make it one-off again.
+        s.apply(vec![get(7)]).unwrap();
+        assert!(!one_off(&s));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn fresher_wins_and_tombstones_block_stale_events() {
         let dir = temp();
         let s = Store::open(&dir).unwrap();
         let up = |rv| Write::Upsert {
             key: key("d", "a", "kubelet"),
             item: item("d", "a", rv, "web"),
+            one_off: false,
         };
         s.apply(vec![up(5)]).unwrap();
         let a = s.apply(vec![up(4), up(5)]).unwrap();
@@ -890,6 +939,7 @@ mod tests {
             .apply(vec![Write::Upsert {
                 key: key("d", "a", "kubelet"),
                 item: pb,
+                one_off: false,
             }])
             .unwrap();
         assert_eq!(a.written, 1);
@@ -914,6 +964,7 @@ mod tests {
             Write::Upsert {
                 key: key("ns1", "a", "kube-proxy"),
                 item: item("ns1", "a", 3, "web"),
+                one_off: false,
             },
         ])
         .unwrap();
@@ -937,6 +988,7 @@ mod tests {
         s.apply(vec![Write::Upsert {
             key: key("ns10", "d", "kubelet"),
             item: item("ns10", "d", 20, "web"),
+            one_off: false,
         }])
         .unwrap();
         // A selector-limited list only replaces what the selector covers.

@@ -248,6 +248,7 @@ fn prepare(op: Op, staged: &mut HashMap<String, Staged>) -> Result<Vec<Write>, R
                 (EventType::Added | EventType::Modified, Some(item)) => vec![Write::Upsert {
                     key: key(&target, &item),
                     item,
+                    one_off: false,
                 }],
                 (EventType::Deleted, Some(item)) => vec![Write::Delete {
                     key: key(&target, &item),
@@ -270,6 +271,7 @@ fn prepare(op: Op, staged: &mut HashMap<String, Staged>) -> Result<Vec<Write>, R
                     Ok(vec![Write::Upsert {
                         key: key(&target, &item),
                         item,
+                        one_off: true,
                     }])
                 }
                 TargetKind::Watch => Ok(vec![]),

@@ -30,10 +30,31 @@ pub struct Election {
     holder: Mutex<String>,
 }
 
-struct Lease {
-    id: i64,
+/// An etcd lease kept alive by its holder (the leader's, a hub's membership).
+pub(super) struct Lease {
+    pub id: i64,
     keeper: LeaseKeeper,
     stream: LeaseKeepAliveStream,
+}
+
+impl Lease {
+    pub async fn grant(client: &Client, ttl: Duration) -> Result<Lease, etcd_client::Error> {
+        let mut leases = client.lease_client();
+        let id = leases.grant(ttl.as_secs() as i64, None).await?.id();
+        let (keeper, stream) = leases.keep_alive(id).await?;
+        Ok(Lease { id, keeper, stream })
+    }
+
+    /// Renews the lease; false when it is gone (expired, or etcd unreachable).
+    pub async fn renew(&mut self) -> bool {
+        if self.keeper.keep_alive().await.is_err() {
+            return false;
+        }
+        matches!(
+            tokio::time::timeout(Duration::from_secs(2), self.stream.message()).await,
+            Ok(Ok(Some(r))) if r.ttl() > 0
+        )
+    }
 }
 
 impl Election {
@@ -63,24 +84,6 @@ impl Election {
             tracing::info!(pool_key = self.key, leader, "pool leadership changed");
         }
         *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = holder.into();
-    }
-
-    async fn grant(&self) -> Result<Lease, etcd_client::Error> {
-        let mut leases = self.client.lease_client();
-        let id = leases.grant(self.ttl.as_secs() as i64, None).await?.id();
-        let (keeper, stream) = leases.keep_alive(id).await?;
-        Ok(Lease { id, keeper, stream })
-    }
-
-    /// Renews the lease; false when it is gone (expired, or etcd unreachable).
-    async fn renew(lease: &mut Lease) -> bool {
-        if lease.keeper.keep_alive().await.is_err() {
-            return false;
-        }
-        matches!(
-            tokio::time::timeout(Duration::from_secs(2), lease.stream.message()).await,
-            Ok(Ok(Some(r))) if r.ttl() > 0
-        )
     }
 
     /// The key's value while this hub leads: its name and its lease, so that two hubs
@@ -174,14 +177,14 @@ impl Election {
         loop {
             if eligible() {
                 if let Some(l) = lease.as_mut()
-                    && !Self::renew(l).await
+                    && !l.renew().await
                 {
                     // Without a live lease this hub cannot know it still leads.
                     lease = None;
                     self.set(false, "");
                 }
                 if lease.is_none() {
-                    lease = self.grant().await.ok();
+                    lease = Lease::grant(&self.client, self.ttl).await.ok();
                 }
                 match &lease {
                     Some(l) => match self.claim(l.id).await {

@@ -2,8 +2,10 @@
 //! (`keys`), written by single-Txn operations with freshness decided inside etcd
 //! (`storage`), the local record of which keys this hub owns (`owned`), and the hub's part
 //! in its pool: pushing, rebuild detection, serving the pool's data (`pool`, `watch`), and
-//! the leader's sync of pool-scope resources from the cloud (`leader`).
+//! the leader's sync of pool-scope resources from the cloud (`leader`) and its sweep of
+//! what no live hub holds (`gc`).
 pub mod election;
+pub mod gc;
 pub mod keys;
 pub mod leader;
 pub mod owned;

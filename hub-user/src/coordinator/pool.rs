@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::{
-    election::Election,
+    election::{Election, Lease},
+    gc::{self, GcStatus},
     leader,
     owned::Owned,
     storage::{self, Limits, Object, Resource, Storage},
@@ -72,6 +73,9 @@ pub struct PoolStatus {
     pub leader_events: u64,
     #[serde(default)]
     pub leader_stale: u64,
+    /// As leader: the sweeps of what no live hub holds.
+    #[serde(default)]
+    pub gc: GcStatus,
     /// "leader" or "follower" in the pool's election; "" before it runs.
     pub role: String,
     /// The hub that leads the pool, as last seen.
@@ -91,6 +95,14 @@ pub struct Pool {
 
 /// (objects, sum of resourceVersions): changes whenever the set or a version does.
 type Fingerprint = (usize, u64);
+
+/// One component's objects of one resource, as the node's cache holds them.
+#[derive(Default)]
+struct Set {
+    live: Vec<Item>,
+    /// Tombstones: objects the node saw deleted (with the deletion's resourceVersion).
+    deleted: Vec<Item>,
+}
 
 pub(super) fn resource_of(gvr: &str) -> Option<Resource> {
     let mut p = gvr.splitn(3, '/');
@@ -161,6 +173,46 @@ impl Pool {
 
     pub fn count_leader(&self, f: impl FnOnce(&mut PoolStatus)) {
         f(&mut self.status.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    pub fn count_gc(&self, f: impl FnOnce(&mut GcStatus)) {
+        f(&mut self.status.lock().unwrap_or_else(|p| p.into_inner()).gc);
+    }
+
+    pub fn pool_name(&self) -> String {
+        self.config.pool_name.clone().unwrap_or_default()
+    }
+
+    pub fn pool_scope(&self) -> Vec<String> {
+        self.config.coordinator.pool_scope_resources.clone()
+    }
+
+    /// Keeps this hub's lease-bound membership key; a hub whose key is gone for longer
+    /// than the grace has the keys only it held removed by the leader's sweep.
+    async fn keep_membership(
+        &self,
+        client: &Client,
+        lease: &mut Option<Lease>,
+    ) -> Result<(), String> {
+        if let Some(l) = lease.as_mut()
+            && l.renew().await
+        {
+            return Ok(());
+        }
+        let ttl = Duration::from_secs(self.config.coordinator.leader_lease_seconds.max(2));
+        let l = Lease::grant(client, ttl).await.map_err(|e| e.to_string())?;
+        let key = gc::member_key(&self.pool_name(), &self.config.node_name);
+        client
+            .kv_client()
+            .put(
+                key,
+                store::now().to_string(),
+                Some(etcd_client::PutOptions::new().with_lease(l.id)),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        *lease = Some(l);
+        Ok(())
     }
 
     /// Whether a leader has synced this pool-scope resource into the coordinator (asked of
@@ -255,7 +307,7 @@ impl Pool {
         cache: &Cache,
         pushed: &mut HashMap<(String, String), Fingerprint>,
         life: &mut Option<(String, u64)>,
-        seen_generation: &mut Option<u64>,
+        seen_generation: &mut Option<(u64, Instant)>,
     ) -> Result<(), String> {
         let Some((client, storage)) = self.storage.get() else {
             return Err("not connected".into());
@@ -281,9 +333,15 @@ impl Pool {
             *life = Some(now_life);
         }
         self.healthy.store(true, Ordering::SeqCst);
-        // Nothing changed in the cache since everything was pushed: nothing to read.
+        // Nothing changed in the cache since everything was pushed: nothing to read —
+        // except now and then, for objects that aged out.
         let generation = cache.generation();
-        if *seen_generation == Some(generation) && !pushed.is_empty() {
+        let rescan = Duration::from_secs(self.config.coordinator.get_object_ttl_seconds.min(60));
+        if let Some((seen, at)) = *seen_generation
+            && seen == generation
+            && at.elapsed() < rescan
+            && !pushed.is_empty()
+        {
             return Ok(());
         }
         let cache_store = cache.store().clone();
@@ -291,29 +349,33 @@ impl Pool {
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
-        let mut sets: HashMap<(String, String), Vec<Item>> = HashMap::new();
-        // The newest resourceVersion each set has seen, deletions included: what the
-        // pushed list is as fresh as (a deleted object may be newer than every survivor).
-        let mut seen_rv: HashMap<(String, String), u64> = HashMap::new();
+        // Objects only a GET brought, unchanged for longer than the TTL, leave the pool
+        // (the node's own cache keeps them).
+        let ttl = self.config.coordinator.get_object_ttl_seconds;
+        let aged_before = store::now().saturating_sub(ttl);
+        let mut sets: HashMap<(String, String), Set> = HashMap::new();
         for (key, rec) in records {
-            if NEVER_PUSHED.contains(&key.gvr.as_str()) {
+            if NEVER_PUSHED.contains(&key.gvr.as_str())
+                || rec.one_off && rec.stored_at < aged_before
+            {
                 continue;
             }
-            let id = (key.component, key.gvr);
-            let rv = seen_rv.entry(id.clone()).or_default();
-            *rv = (*rv).max(rec.item.rv);
-            if !rec.deleted {
-                sets.entry(id).or_default().push(rec.item);
+            let set = sets.entry((key.component, key.gvr)).or_default();
+            if rec.deleted {
+                set.deleted.push(rec.item);
+            } else {
+                set.live.push(rec.item);
             }
         }
-        // Sets that emptied are pushed as empty lists, so their keys go too.
+        // Sets that emptied are pushed as empty sets, so their keys are released too.
         for k in pushed.keys() {
             sets.entry(k.clone()).or_default();
         }
         let started = Instant::now();
         let mut pushed_now = false;
-        for ((component, gvr), items) in sets {
-            let print: Fingerprint = (items.len(), items.iter().map(|i| i.rv).sum());
+        let (pool, node) = (self.pool_name(), self.config.node_name.clone());
+        for ((component, gvr), set) in sets {
+            let print: Fingerprint = (set.live.len(), set.live.iter().map(|i| i.rv).sum());
             let id = (component.clone(), gvr.clone());
             if pushed.get(&id) == Some(&print) {
                 continue;
@@ -321,19 +383,28 @@ impl Pool {
             let Some(resource) = resource_of(&gvr) else {
                 continue;
             };
-            let rv = seen_rv.get(&id).copied().unwrap_or(0);
-            let objects: Vec<Object> = items
-                .iter()
-                .map(|i| Object {
-                    namespace: (!i.namespace.is_empty()).then(|| i.namespace.clone()),
-                    name: i.name.clone(),
-                    rv: i.rv,
-                    // JSON as is, protobuf in its `k8s\0` envelope (as kube-apiserver stores it).
-                    value: i.encoded(),
-                })
-                .collect();
+            let as_objects = |items: &[Item]| -> Vec<Object> {
+                items
+                    .iter()
+                    .map(|i| Object {
+                        namespace: (!i.namespace.is_empty()).then(|| i.namespace.clone()),
+                        name: i.name.clone(),
+                        rv: i.rv,
+                        // JSON as is, protobuf in its `k8s\0` envelope (as kube-apiserver
+                        // stores it).
+                        value: i.encoded(),
+                    })
+                    .collect()
+            };
+            let record = gc::set_key(&pool, &node, &component, &gvr);
             let r = storage
-                .replace_component_list(&component, &resource, None, rv, &objects)
+                .push_set(
+                    &component,
+                    &resource,
+                    &as_objects(&set.live),
+                    &as_objects(&set.deleted),
+                    &record,
+                )
                 .await
                 .map_err(|e| format!("pushing {component} {gvr}: {e}"))?;
             pushed.insert(id, print);
@@ -347,7 +418,7 @@ impl Pool {
             s.last_push_ms = started.elapsed().as_millis() as u64;
             s.last_error = None;
         }
-        *seen_generation = Some(generation);
+        *seen_generation = Some((generation, Instant::now()));
         Ok(())
     }
 
@@ -390,14 +461,26 @@ impl Pool {
             let me = self.clone();
             let eligible = Arc::new(move || cloud_healthy() && me.healthy());
             tokio::spawn(election.run(eligible, stop.clone()));
+            let c = &self.config.coordinator;
+            tokio::spawn(gc::run(
+                self.clone(),
+                Duration::from_secs(c.gc_interval_seconds),
+                Duration::from_secs(c.node_grace_seconds),
+                stop.clone(),
+            ));
         }
         let mut pushed = HashMap::new();
-        let (mut life, mut generation) = (None, None);
+        let (mut life, mut generation, mut member) = (None, None, None);
         loop {
-            if let Err(e) = self
-                .sync_once(&cache, &mut pushed, &mut life, &mut generation)
-                .await
-            {
+            let client = self.storage.get().map(|(c, _)| c.clone());
+            let result = match client {
+                Some(c) => self.keep_membership(&c, &mut member).await,
+                None => Ok(()),
+            };
+            if let Err(e) = result.and(
+                self.sync_once(&cache, &mut pushed, &mut life, &mut generation)
+                    .await,
+            ) {
                 self.set_error(e);
             }
             tokio::select! {

@@ -682,6 +682,92 @@ impl Storage {
             .await
     }
 
+    /// Pushes what one of this node's components holds of a resource (design.md §7):
+    /// new and fresher `objects` are written; `deleted` — objects the node saw deleted in
+    /// the cloud, with the deletion's resourceVersion — are deleted as of then; keys the
+    /// component held before and holds no more for another reason are only released (the
+    /// pool leader's sweep removes them once no live hub holds them). `record` is the key
+    /// of this set's record, which lists the keys the set holds (what the sweep reads). All
+    /// in one Txn.
+    pub async fn push_set(
+        &self,
+        component: &str,
+        r: &Resource,
+        objects: &[Object],
+        deleted: &[Object],
+        record: &str,
+    ) -> Result<Replaced, StorageError> {
+        let mut put = Vec::with_capacity(objects.len());
+        let mut bytes = 0;
+        for o in objects {
+            let key = self.key(r, o.namespace.as_deref(), &o.name)?;
+            bytes += put_bytes(&key, &o.value);
+            put.push((key, o.rv));
+        }
+        let mut delete = Vec::with_capacity(deleted.len());
+        for o in deleted {
+            let key = self.key(r, o.namespace.as_deref(), &o.name)?;
+            bytes += 2 * key.len() + 64;
+            delete.push((key, o.rv));
+        }
+        let listing: String = put.iter().map(|(k, _)| format!("{k}\n")).collect();
+        bytes += listing.len() + record.len();
+        let what = format!("pushing {} {} objects", objects.len(), r.resource);
+        self.check_limits(&what, put.len() + delete.len() + 1 + NESTED_OPS, bytes)?;
+        let scope = keys::range_prefix(&self.prefix, &r.group, &r.resource, None)?;
+        let holding: HashSet<&str> = put.iter().map(|(k, _)| k.as_str()).collect();
+        let released: Vec<String> = self
+            .owned
+            .keys(component, &scope)?
+            .into_iter()
+            .map(|(k, _)| k)
+            .filter(|k| !holding.contains(k.as_str()))
+            .collect();
+        let mut ops: Vec<TxnOp> = objects
+            .iter()
+            .zip(&put)
+            .map(|(o, (k, _))| TxnOp::txn(upsert_txn(k, o.rv, &o.value)))
+            .collect();
+        ops.extend(delete.iter().map(|(k, rv)| TxnOp::txn(delete_txn(k, *rv))));
+        ops.push(TxnOp::put(record, listing, None));
+        let intent = Intent {
+            component: component.into(),
+            put,
+            delete,
+        };
+        let (id, resp) = self.run(&intent, Txn::new().and_then(ops)).await?;
+        let done = self.tally(&intent, &resp)?;
+        self.owned.finish(id, component, &intent.put, &released)?;
+        Ok(done)
+    }
+
+    /// Counts the outcomes of a Txn made of `intent`'s guarded puts, then its deletions.
+    fn tally(&self, intent: &Intent, resp: &TxnResponse) -> Result<Replaced, StorageError> {
+        let mut done = Replaced {
+            revision: resp.header().map_or(0, |h| h.revision()),
+            ..Default::default()
+        };
+        let per_object = intent.put.len() + intent.delete.len();
+        for (i, r) in resp.op_responses().into_iter().take(per_object).enumerate() {
+            let TxnOpResponse::Txn(t) = r else {
+                return Err(StorageError::Shape);
+            };
+            let deleting = i >= intent.put.len();
+            let offered = if deleting {
+                intent.delete[i - intent.put.len()].1
+            } else {
+                intent.put[i].1
+            };
+            match (outcome(&t, offered)?, deleting) {
+                (Outcome::Written, true) => done.deleted += 1,
+                (Outcome::Written, false) => done.written += 1,
+                (Outcome::Unchanged, _) => done.unchanged += 1,
+                (Outcome::Stale { .. }, _) => done.stale += 1,
+            }
+        }
+        Ok(done)
+    }
+
     async fn replace(
         &self,
         component: &str,
@@ -749,32 +835,25 @@ impl Storage {
             delete: gone,
         };
         let (id, resp) = self.run(&intent, Txn::new().and_then(ops)).await?;
-        let mut done = Replaced {
-            revision: resp.header().map_or(0, |h| h.revision()),
-            ..Default::default()
-        };
-        let responses = resp.op_responses();
-        let per_object = intent.put.len() + intent.delete.len();
-        for (i, r) in responses.into_iter().take(per_object).enumerate() {
-            let TxnOpResponse::Txn(t) = r else {
-                return Err(StorageError::Shape);
-            };
-            let deleting = i >= intent.put.len();
-            let offered = if deleting {
-                intent.delete[i - intent.put.len()].1
-            } else {
-                intent.put[i].1
-            };
-            match (outcome(&t, offered)?, deleting) {
-                (Outcome::Written, true) => done.deleted += 1,
-                (Outcome::Written, false) => done.written += 1,
-                (Outcome::Unchanged, _) => done.unchanged += 1,
-                (Outcome::Stale { .. }, _) => done.stale += 1,
-            }
-        }
+        let done = self.tally(&intent, &resp)?;
         let released: Vec<String> = intent.delete.iter().map(|(k, _)| k.clone()).collect();
         self.owned.finish(id, component, &intent.put, &released)?;
         Ok(done)
+    }
+
+    /// Sends one Txn of the pool's own bookkeeping (the sweep), retried like every other.
+    pub(super) async fn send(&self, txn: Txn) -> Result<TxnResponse, StorageError> {
+        self.txn(txn).await
+    }
+
+    /// The key prefix of every object (kube-apiserver's --etcd-prefix).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The etcd's --max-txn-ops, as configured.
+    pub fn max_txn_ops(&self) -> usize {
+        self.limits.max_txn_ops
     }
 
     /// Every object key in a range (keys only).
