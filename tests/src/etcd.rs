@@ -1,5 +1,6 @@
-//! Real etcd members (Debian's etcd-server) for coordinator tests: loopback ports, temp
-//! data dirs, a single member or a 3-member cluster; members can be killed and restarted.
+//! Real etcd members (Debian's etcd-server) for coordinator tests: loopback ports (or an
+//! address the test assigned in its own namespace), temp data dirs, a single member or a
+//! 3-member cluster; members can be killed and restarted, the whole cluster wiped.
 use std::{
     io::{Read, Write},
     net::TcpStream,
@@ -24,6 +25,7 @@ pub struct TlsFiles {
 pub struct Member {
     pub name: String,
     pub client_url: String,
+    host: String,
     client_port: u16,
     peer_port: u16,
     data: PathBuf,
@@ -41,10 +43,11 @@ pub struct EtcdCluster {
 }
 
 /// GET /health on a member's client URL: true when it reports healthy.
-fn healthy(port: u16) -> bool {
-    let Ok(mut tcp) =
-        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
-    else {
+fn healthy(host: &str, port: u16) -> bool {
+    let Ok(addr) = format!("{host}:{port}").parse() else {
+        return false;
+    };
+    let Ok(mut tcp) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
         return false;
     };
     let _ = tcp.set_read_timeout(Some(Duration::from_secs(2)));
@@ -59,7 +62,13 @@ fn healthy(port: u16) -> bool {
 impl EtcdCluster {
     /// Starts `size` members (1 or 3) and waits until every one reports healthy.
     pub fn start(size: usize) -> EtcdCluster {
-        Self::start_with(size, None)
+        Self::start_with(size, None, "127.0.0.1")
+    }
+
+    /// Like `start`, listening on `host` (an address of the calling thread's namespace;
+    /// the members run there too).
+    pub fn start_on(size: usize, host: &str) -> EtcdCluster {
+        Self::start_with(size, None, host)
     }
 
     /// One member whose clients must present a certificate signed by `ca`.
@@ -77,12 +86,12 @@ impl EtcdCluster {
                 .expect("etcdctl cert"),
         };
         std::fs::write(&files.ca, ca.cert_pem()).expect("ca.crt");
-        let mut c = Self::start_with(1, Some(files));
+        let mut c = Self::start_with(1, Some(files), "127.0.0.1");
         c._keep.push(dir);
         c
     }
 
-    fn start_with(size: usize, tls: Option<TlsFiles>) -> EtcdCluster {
+    fn start_with(size: usize, tls: Option<TlsFiles>, host: &str) -> EtcdCluster {
         let dir = TempDir::new("etcd");
         let scheme = if tls.is_some() { "https" } else { "http" };
         let token = unique("etcd");
@@ -92,16 +101,17 @@ impl EtcdCluster {
                 client_port: free_port(),
                 peer_port: free_port(),
                 client_url: String::new(),
+                host: host.to_string(),
                 data: dir.path().join(format!("m{i}")),
                 proc: None,
             })
             .collect();
         for m in &mut members {
-            m.client_url = format!("{scheme}://127.0.0.1:{}", m.client_port);
+            m.client_url = format!("{scheme}://{}:{}", m.host, m.client_port);
         }
         let initial_cluster = members
             .iter()
-            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .map(|m| format!("{}=http://{}:{}", m.name, m.host, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
         let mut cluster = EtcdCluster {
@@ -131,12 +141,12 @@ impl EtcdCluster {
             .arg(format!("--listen-client-urls={}", m.client_url))
             .arg(format!("--advertise-client-urls={}", m.client_url))
             .arg(format!(
-                "--listen-peer-urls=http://127.0.0.1:{}",
-                m.peer_port
+                "--listen-peer-urls=http://{}:{}",
+                m.host, m.peer_port
             ))
             .arg(format!(
-                "--initial-advertise-peer-urls=http://127.0.0.1:{}",
-                m.peer_port
+                "--initial-advertise-peer-urls=http://{}:{}",
+                m.host, m.peer_port
             ))
             .arg(format!("--initial-cluster={}", self.initial_cluster))
             .arg(format!("--initial-cluster-token={}", self.token))
@@ -157,13 +167,13 @@ impl EtcdCluster {
     }
 
     pub fn wait_healthy(&self, i: usize) {
-        let port = self.members[i].client_port;
+        let (host, port) = (self.members[i].host.clone(), self.members[i].client_port);
         let url = self.members[i].client_url.clone();
         wait_for(
             &format!("etcd member {i} healthy"),
             Duration::from_secs(20),
             || match &self.tls {
-                None => healthy(port).then_some(()),
+                None => healthy(&host, port).then_some(()),
                 // The member only talks to clients with a certificate: ask it as one.
                 Some(_) => self
                     .etcdctl(std::slice::from_ref(&url), &["endpoint", "health"])
@@ -188,6 +198,22 @@ impl EtcdCluster {
         self.token = unique("etcd");
         self.start_member(i);
         self.wait_healthy(i);
+    }
+
+    /// Destroys every member's data and starts a new cluster at the same addresses (another
+    /// cluster id, empty): a coordinator rebuilt from nothing.
+    pub fn wipe_all(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill_member(i);
+            let _ = std::fs::remove_dir_all(&self.members[i].data);
+        }
+        self.token = unique("etcd");
+        for i in 0..self.members.len() {
+            self.start_member(i);
+        }
+        for i in 0..self.members.len() {
+            self.wait_healthy(i);
+        }
     }
 
     /// Client URLs of all members, for `coordinator.endpoints` or etcdctl.

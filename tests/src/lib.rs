@@ -6,6 +6,7 @@ pub mod cloud;
 pub mod etcd;
 pub mod hub;
 pub mod netns;
+pub mod pool_net;
 pub mod ports;
 pub mod privileged;
 pub mod probe;

@@ -95,6 +95,36 @@ impl Netns {
     }
 }
 
+/// The calling thread inside a namespace until dropped (setns(2) is per thread): sockets
+/// it binds or connects, and processes it spawns, live there. Used to put in-process
+/// servers (the API stand-in) and their clients inside a test's own namespace.
+pub struct Entered {
+    previous: File,
+}
+
+impl Netns {
+    pub fn enter(&self) -> Entered {
+        let previous = File::open("/proc/thread-self/ns/net").expect("this thread's netns");
+        // SAFETY: setns(2) on this thread with an open namespace fd.
+        let rc = unsafe { libc::setns(self.handle.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(
+            rc,
+            0,
+            "setns into {}: {}",
+            self.name,
+            std::io::Error::last_os_error()
+        );
+        Entered { previous }
+    }
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        // SAFETY: setns(2) back into the namespace this thread came from.
+        unsafe { libc::setns(self.previous.as_raw_fd(), libc::CLONE_NEWNET) };
+    }
+}
+
 /// An open namespace file, for starting processes inside it.
 #[derive(Clone)]
 pub struct NsHandle(Arc<File>);

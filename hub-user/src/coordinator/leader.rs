@@ -98,6 +98,8 @@ struct Syncer {
     gvr: String,
     resource: Resource,
     path: String,
+    /// The coordinator's life this sync wrote into: a rebuilt one is listed into afresh.
+    life: u64,
 }
 
 async fn sync_resource(
@@ -128,6 +130,7 @@ async fn sync_resource(
             gvr: gvr.clone(),
             resource: resource.clone(),
             path: path.clone(),
+            life: pool.life(),
         };
         let result = match s.list().await {
             Ok(rv) => tokio::select! {
@@ -247,7 +250,7 @@ impl Syncer {
                 let frame = tokio::select! {
                     f = body.frame() => f,
                     _ = tokio::time::sleep(CHECK) => {
-                        if !self.pool.is_leader() {
+                        if !self.still_current() {
                             return Ok(());
                         }
                         continue;
@@ -269,7 +272,7 @@ impl Syncer {
                         Applied::Relist => return Ok(()),
                     }
                 }
-                if !self.pool.is_leader() {
+                if !self.still_current() {
                     return Ok(());
                 }
                 if rv != marker_at.1 && marker_at.0.elapsed() >= MARKER_EVERY {
@@ -282,6 +285,11 @@ impl Syncer {
             }
             // The cloud ended the watch (timeoutSeconds): watch again from where it was.
         }
+    }
+
+    /// Still the leader, writing into the same coordinator.
+    fn still_current(&self) -> bool {
+        self.pool.is_leader() && self.pool.life() == self.life
     }
 
     async fn apply(&self, line: &[u8]) -> Result<Applied, String> {

@@ -13,7 +13,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc, Mutex, OnceLock,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -91,6 +91,8 @@ pub struct Pool {
     status: Mutex<PoolStatus>,
     /// Pool-scope resources a leader has synced (gvr -> when that was last checked).
     synced: Mutex<HashMap<String, (bool, Instant)>>,
+    /// Lives of the coordinator seen (first start, then one per rebuild).
+    lives: AtomicU64,
 }
 
 /// (objects, sum of resourceVersions): changes whenever the set or a version does.
@@ -137,6 +139,7 @@ impl Pool {
             healthy: AtomicBool::new(false),
             status: Mutex::new(status),
             synced: Mutex::new(HashMap::new()),
+            lives: AtomicU64::new(0),
         }
     }
 
@@ -156,6 +159,11 @@ impl Pool {
             s.leader = e.holder();
         }
         s
+    }
+
+    /// Changes whenever the coordinator is found rebuilt or replaced.
+    pub fn life(&self) -> u64 {
+        self.lives.load(Ordering::SeqCst)
     }
 
     pub fn storage(&self) -> Option<Arc<Storage>> {
@@ -326,6 +334,13 @@ impl Pool {
                 tokio::time::sleep(spread).await;
             }
             pushed.clear();
+            // What was known of the previous life is void: the leader lists again, and
+            // followers wait for its new markers.
+            self.lives.fetch_add(1, Ordering::SeqCst);
+            self.synced
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
             let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
             s.full_pushes += 1;
             s.epoch = now_life.0.clone();

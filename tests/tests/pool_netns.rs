@@ -1,0 +1,387 @@
+//! Issue 8's acceptance on real links: three hubs, each in its own node network namespace,
+//! reach the cloud (the API stand-in) and a 3-member etcd coordinator over their own veth
+//! link. The leader syncs the pool-scope resources for the pool (the cloud sees watches
+//! from the leader's node only), followers' clients are served from the coordinator and
+//! keep their watch across a leader's death, a coordinator wiped whole is refilled by the
+//! hubs, and a node cut off serves its kubelet from its own cache.
+use std::{
+    collections::BTreeSet,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use hub_tests::{
+    TempDir,
+    apiserver::{ADMIN_TOKEN, Options, StandIn, client::Client, seed, tls::TestCa},
+    etcd::EtcdCluster,
+    hub::{HubProc, LOOPBACK_NODE, LoopbackHub},
+    pool_net::{CLOUD_IP, ETCD_IP, PoolNet},
+    ports::free_port,
+    privileged, wait_for,
+};
+use serde_json::Value;
+
+const TTL: u64 = 3;
+const NODES: [&str; 3] = ["edge-0", "edge-1", "edge-2"];
+const SLICES: &str = "/apis/discovery.k8s.io/v1/endpointslices";
+const POOL_SCOPE: [&str; 3] = [
+    "/api/v1/services",
+    "/api/v1/endpoints",
+    "/apis/discovery.k8s.io/v1/endpointslices",
+];
+
+struct Node {
+    hub: HubProc,
+    client: Client,
+}
+
+fn start_node(
+    net: &PoolNet,
+    i: usize,
+    cloud: &StandIn,
+    ca: &Arc<TestCa>,
+    etcd: &EtcdCluster,
+    pki_dir: &std::path::Path,
+) -> Node {
+    let name = NODES[i];
+    let ip = PoolNet::node_ip(i);
+    let dir = pki_dir.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let pki = ca.write_hub_pki(&dir, name, &[&ip]).unwrap();
+    let tls = free_port();
+    let endpoints: Vec<String> = etcd
+        .endpoints()
+        .iter()
+        .map(|e| format!("\"{e}\""))
+        .collect();
+    let config = LoopbackHub {
+        servers: vec![cloud.url()],
+        ca: Some(&pki.ca),
+        node: Some(&pki.node),
+        serving: Some((&pki.serving.0, &pki.serving.1)),
+        client_ca: Some(&pki.ca),
+        plain: free_port(),
+        tls: Some(tls),
+        admin: format!("127.0.0.1:{}", free_port()),
+        extra: format!(
+            "poolName: pool-a\ncoordinator:\n  endpoints: [{}]\n  leaderLeaseSeconds: {TTL}\n  gcIntervalSeconds: 2\n",
+            endpoints.join(", ")
+        ),
+    };
+    let hub = HubProc::start_yaml(
+        Some(&net.nodes[i]),
+        &config.admin.clone(),
+        None,
+        |_, cache| {
+            config
+                .yaml(cache)
+                .replace(
+                    &format!("nodeName: {LOOPBACK_NODE}\n"),
+                    &format!("nodeName: {name}\n"),
+                )
+                .replace("  tlsProxy: 127.0.0.1:", &format!("  tlsProxy: {ip}:"))
+        },
+    );
+    // The node's kubelet and kube-proxy, reaching the hub over the node's link.
+    let client = Client::new(
+        format!("{ip}:{tls}").parse().unwrap(),
+        ca.cert_der(),
+        None,
+        Some(&pki.kubelet),
+    );
+    Node { hub, client }
+}
+
+fn get(c: &Client, path: &str, agent: &str) -> hub_tests::apiserver::client::Reply {
+    c.request(
+        "GET",
+        path,
+        &[("User-Agent", agent), ("Accept", "application/json")],
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+fn names(v: &Value) -> Vec<String> {
+    let mut n: Vec<String> = v["items"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|i| {
+                    i["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    n.sort();
+    n
+}
+
+fn keys(etcd: &EtcdCluster, prefix: &str) -> Vec<String> {
+    etcd.etcdctl(
+        &etcd.endpoints(),
+        &["get", prefix, "--prefix", "--keys-only"],
+    )
+    .unwrap_or_default()
+    .lines()
+    .filter(|l| !l.is_empty())
+    .map(String::from)
+    .collect()
+}
+
+fn role(h: &HubProc) -> String {
+    h.try_status()
+        .and_then(|s| s["coordinator"]["role"].as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+/// The (type, name) of the next watch event that is not a bookmark.
+fn next_change(w: &mut hub_tests::apiserver::client::Stream<'_>) -> (String, String) {
+    loop {
+        let e = w
+            .next_event(Duration::from_secs(20))
+            .expect("a watch event within 20 s");
+        let ty = e["type"].as_str().unwrap_or_default().to_string();
+        if ty != "BOOKMARK" {
+            return (
+                ty,
+                e["object"]["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .into(),
+            );
+        }
+    }
+}
+
+fn slice(name: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4", "endpoints": [], "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]
+    })
+}
+
+#[test]
+fn three_hubs_in_node_namespaces_share_a_three_member_coordinator() {
+    if !privileged::check("three_hubs_in_node_namespaces_share_a_three_member_coordinator") {
+        return;
+    }
+    let net = PoolNet::new(3);
+    // This thread works from the cloud's side: the stand-in and etcd live there, and the
+    // test's clients reach the hubs over the nodes' links.
+    let _cloud_side = net.cloud.enter();
+    let mut etcd = EtcdCluster::start_on(3, ETCD_IP);
+    let ca = Arc::new(TestCa::new("cloud-ca"));
+    let cloud = StandIn::start_with_ca(
+        format!("{CLOUD_IP}:0").parse().unwrap(),
+        Options::default(),
+        ca.clone(),
+    )
+    .unwrap();
+    cloud.state.auth.write().unwrap().add_test_identities();
+    for n in NODES {
+        seed::node(&cloud.state.store, n);
+        for p in 0..3 {
+            seed::pod(
+                &cloud.state.store,
+                "default",
+                &format!("{n}-pod-{p}"),
+                n,
+                "web",
+            );
+        }
+    }
+    for s in 0..4 {
+        seed::service(&cloud.state.store, "default", &format!("svc-{s}"), 8000 + s);
+    }
+    let pki = TempDir::new("poolnet");
+    let (mut hubs, clients): (Vec<Option<HubProc>>, Vec<Client>) = (0..3)
+        .map(|i| {
+            let n = start_node(&net, i, &cloud, &ca, &etcd, pki.path());
+            (Some(n.hub), n.client)
+        })
+        .unzip();
+
+    let leader = wait_for("one pool leader", Duration::from_secs(30), || {
+        let roles: Vec<String> = hubs.iter().map(|h| role(h.as_ref().unwrap())).collect();
+        (roles.iter().filter(|r| *r == "leader").count() == 1
+            && roles.iter().filter(|r| *r == "follower").count() == 2)
+            .then(|| roles.iter().position(|r| r == "leader").unwrap())
+    });
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    for (i, c) in clients.iter().enumerate() {
+        let r = get(
+            c,
+            &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{}", NODES[i]),
+            "kubelet/v1.32.0",
+        );
+        assert_eq!(r.status, 200);
+    }
+    wait_for(
+        "every node's pods in the coordinator",
+        Duration::from_secs(30),
+        || (keys(&etcd, "/registry/pods/").len() == 9).then_some(()),
+    );
+    wait_for(
+        "the leader's endpointslices synced",
+        Duration::from_secs(30),
+        || {
+            (!keys(&etcd, "/hub/synced/discovery.k8s.io/v1/endpointslices").is_empty())
+                .then_some(())
+        },
+    );
+
+    // Every node's kube-proxy lists and watches the pool-scope resources through its hub.
+    let mut list_rv = String::new();
+    for c in &clients {
+        for path in POOL_SCOPE {
+            let r = get(c, path, "kube-proxy/v1.32.0");
+            assert_eq!(r.status, 200, "{path}");
+            assert_eq!(names(&r.json()).len(), 4, "{path}");
+        }
+        list_rv = get(c, SLICES, "kube-proxy/v1.32.0").json()["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string();
+    }
+    let mut watches: Vec<_> = followers
+        .iter()
+        .map(|&f| {
+            let w = clients[f].stream(&format!(
+                "{SLICES}?watch=1&resourceVersion={list_rv}&allowWatchBookmarks=true"
+            ));
+            assert_eq!(w.status, 200);
+            w
+        })
+        .collect();
+    let admin = Client::new(cloud.addr, ca.cert_der(), Some(ADMIN_TOKEN), None);
+    let ns_slices = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices";
+    assert_eq!(
+        admin.send_json("POST", ns_slices, &slice("churn-0")).status,
+        201
+    );
+    for w in &mut watches {
+        assert_eq!(next_change(w), ("ADDED".into(), "churn-0".into()));
+    }
+    // The cloud saw pool-scope watches from the leader's node only; followers' clients
+    // never reached it for pool-scope resources.
+    let audit = cloud.audit();
+    for path in POOL_SCOPE {
+        let watchers: BTreeSet<&str> = audit
+            .iter()
+            .filter(|a| a.path.starts_with(path) && a.path.contains("watch=1"))
+            .map(|a| a.user.as_str())
+            .collect();
+        assert_eq!(
+            watchers,
+            BTreeSet::from([format!("system:node:{}", NODES[leader]).as_str()]),
+            "{path}"
+        );
+        for &f in &followers {
+            let user = format!("system:node:{}", NODES[f]);
+            assert!(
+                !audit
+                    .iter()
+                    .any(|a| a.path.starts_with(path) && a.user == user),
+                "{path} from {user}"
+            );
+        }
+    }
+
+    // The leader's hub dies: another leads within the lease TTL; the followers' open
+    // watches carry on, with what changed meanwhile.
+    let killed = Instant::now();
+    hubs[leader].as_mut().unwrap().proc.kill9();
+    assert_eq!(
+        admin.send_json("POST", ns_slices, &slice("churn-1")).status,
+        201
+    );
+    let new_leader = wait_for("a new leader", Duration::from_secs(TTL + 10), || {
+        followers
+            .iter()
+            .copied()
+            .find(|f| role(hubs[*f].as_ref().unwrap()) == "leader")
+    });
+    let took = killed.elapsed();
+    eprintln!(
+        "pool: new leader {} after {took:?} (lease TTL {TTL} s)",
+        NODES[new_leader]
+    );
+    assert!(took <= Duration::from_secs(TTL + 1), "took {took:?}");
+    for w in &mut watches {
+        assert_eq!(next_change(w), ("ADDED".into(), "churn-1".into()));
+    }
+    hubs[leader] = None;
+    drop(watches);
+
+    // The whole coordinator is wiped (all three members, data gone, a new cluster): the
+    // two live hubs push everything again and the new leader lists again.
+    let wiped = Instant::now();
+    etcd.wipe_all();
+    let live: Vec<usize> = followers.clone();
+    wait_for(
+        "the pool's data back in the rebuilt coordinator",
+        Duration::from_secs(30),
+        || {
+            let pods = keys(&etcd, "/registry/pods/");
+            let mine: usize = live
+                .iter()
+                .map(|i| {
+                    pods.iter()
+                        .filter(|k| k.contains(&format!("{}-pod-", NODES[*i])))
+                        .count()
+                })
+                .sum();
+            let slices = keys(&etcd, "/registry/endpointslices/");
+            (mine == 6 && slices.len() == 6).then_some(())
+        },
+    );
+    eprintln!(
+        "pool: rebuilt coordinator refilled {:?} after the wipe",
+        wiped.elapsed()
+    );
+    for &f in &live {
+        let st = hubs[f].as_ref().unwrap().status();
+        assert!(
+            st["coordinator"]["full_pushes"].as_u64() >= Some(2),
+            "{}",
+            st["coordinator"]
+        );
+    }
+
+    // A follower is cut off: cloud and coordinator gone, its kubelet is answered from the
+    // node's own cache; reconnected, from the cloud again.
+    let cut = followers
+        .iter()
+        .copied()
+        .find(|f| *f != new_leader)
+        .unwrap();
+    net.set_reachable(cut, false);
+    let c = &clients[cut];
+    let pods_path = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{}", NODES[cut]);
+    let offline = wait_for(
+        "the cut node to answer from its cache",
+        Duration::from_secs(15),
+        || {
+            let r = get(c, &pods_path, "kubelet/v1.32.0");
+            (r.status == 200
+                && r.header("warning")
+                    .is_some_and(|w| w.contains("local cache")))
+            .then_some(r)
+        },
+    );
+    assert_eq!(names(&offline.json()).len(), 3);
+    net.set_reachable(cut, true);
+    wait_for(
+        "the node back on the cloud",
+        Duration::from_secs(15),
+        || {
+            let r = get(c, &pods_path, "kubelet/v1.32.0");
+            (r.status == 200 && r.header("warning").is_none()).then_some(())
+        },
+    );
+}
