@@ -2,7 +2,9 @@
 //! 3000 pods) and one real etcd as the pool's coordinator. Each hub's kubelet-style client
 //! lists its node's pods; measured: how long until the coordinator holds all 9000, and —
 //! after the etcd is wiped and started empty — how long the hubs' re-push takes (target
-//! ≤ 3 s).
+//! ≤ 3 s). Then five kube-proxy-style clients, one behind each of five hubs, list and
+//! watch the pool-scope resources, without a pool and with one: the cloud's own count of
+//! open watches and of bytes sent for one endpointslice change.
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -110,5 +112,218 @@ pub fn pool() -> Result<()> {
             c["full_pushes"], c["last_push_ms"], c["role"]
         );
     }
+    drop(hubs);
+    drop(etcd);
+
+    const WATCHERS: usize = 5;
+    let [without, with] = leader_path(WATCHERS)?;
+    println!(
+        "bench pool: {WATCHERS} nodes' kube-proxies list+watch services, endpoints, endpointslices (50 services) through their hubs"
+    );
+    println!("{:<56} {:>10} {:>10}", "metric", "no pool", "leader");
+    println!(
+        "{:<56} {:>10} {:>10}",
+        "watches open at the cloud (3 pool-scope resources)", without.0, with.0
+    );
+    println!(
+        "{:<56} {:>10} {:>10}",
+        "bytes the cloud sent for one endpointslice change", without.1, with.1
+    );
+    println!(
+        "  with the leader: its sync watches (one per resource) plus its own node's kube-proxy; followers' kube-proxies never reach the cloud"
+    );
     Ok(())
+}
+
+/// What the cloud reports of its edge traffic: (open watches, response bytes), all users.
+async fn cloud_traffic(admin: &crate::bench::Http, direct: &str) -> Result<(u64, u64)> {
+    let req = Request::get(format!("{direct}/_standin/traffic"))
+        .header(
+            "Authorization",
+            format!("Bearer {}", hub_tests::apiserver::ADMIN_TOKEN),
+        )
+        .body(Empty::<Bytes>::new().map_err(|n| match n {}).boxed())?;
+    let body = admin
+        .request(req)
+        .await?
+        .into_body()
+        .collect()
+        .await?
+        .to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body)?;
+    let users = v.as_object().cloned().unwrap_or_default();
+    let sum = |f: &str| users.values().map(|u| u[f].as_u64().unwrap_or(0)).sum();
+    Ok((sum("open_watches"), sum("bytes")))
+}
+
+async fn admin_call(
+    admin: &crate::bench::Http,
+    method: &str,
+    url: String,
+    body: &str,
+) -> Result<()> {
+    let req = Request::builder()
+        .method(method)
+        .uri(url)
+        .header(
+            "Authorization",
+            format!("Bearer {}", hub_tests::apiserver::ADMIN_TOKEN),
+        )
+        .header("Content-Type", "application/merge-patch+json")
+        .body(
+            http_body_util::Full::new(Bytes::from(body.to_string()))
+                .map_err(|n| match n {})
+                .boxed(),
+        )?;
+    let resp = admin.request(req).await?;
+    anyhow::ensure!(resp.status().is_success(), "{method}: {}", resp.status());
+    resp.into_body().collect().await?;
+    Ok(())
+}
+
+const POOL_SCOPE: [&str; 3] = [
+    "/api/v1/services",
+    "/api/v1/endpoints",
+    "/apis/discovery.k8s.io/v1/endpointslices",
+];
+
+/// Pool-scope traffic at the cloud for `nodes` kube-proxies, each behind its node's hub:
+/// without a pool (every hub watches the cloud), then with one (the leader syncs for all,
+/// followers read the coordinator). Returns (open cloud watches, cloud bytes for one
+/// endpointslice change) per mode.
+fn leader_path(nodes: usize) -> Result<[(u64, u64); 2]> {
+    let stack = Stack::start("bpw", &["--services", "50", "--bookmark-ms", "3600000"])?;
+    let etcd = EtcdCluster::start(1);
+    let admin = stack.client(false)?;
+    let client = stack.client(true)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut out = [(0, 0); 2];
+    for (mode, with_pool) in [false, true].into_iter().enumerate() {
+        let extra = if with_pool {
+            format!(
+                "poolName: bench-watch\ncoordinator:\n  endpoints: [\"{}\"]\n",
+                etcd.endpoints()[0]
+            )
+        } else {
+            String::new()
+        };
+        let hubs: Vec<_> = (0..nodes)
+            .map(|i| stack.start_hub(&format!("watch-{mode}-{i}"), &extra))
+            .collect();
+        if with_pool {
+            let since = Instant::now();
+            loop {
+                let synced = etcd
+                    .etcdctl(
+                        &etcd.endpoints(),
+                        &["get", "/hub/synced/", "--prefix", "--keys-only"],
+                    )
+                    .map(|o| o.lines().filter(|l| !l.is_empty()).count())
+                    .unwrap_or(0);
+                let roles: Vec<String> = hubs
+                    .iter()
+                    .map(|(h, _)| {
+                        h.status()["coordinator"]["role"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_string()
+                    })
+                    .collect();
+                if synced == POOL_SCOPE.len()
+                    && roles.iter().filter(|r| *r == "leader").count() == 1
+                    && roles.iter().filter(|r| *r == "follower").count() == nodes - 1
+                {
+                    break;
+                }
+                anyhow::ensure!(
+                    since.elapsed() < Duration::from_secs(30),
+                    "no synced leader"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let marker = format!("churn-{mode}");
+        let (open, bytes) = rt.block_on(async {
+            let (seen_tx, mut seen_rx) = tokio::sync::mpsc::channel::<usize>(64);
+            let mut readers = Vec::new();
+            for (i, (_, via)) in hubs.iter().enumerate() {
+                for path in POOL_SCOPE {
+                    let get = |q: String| {
+                        Request::get(format!("{via}{path}{q}"))
+                            .header("User-Agent", "kube-proxy/v1.32.0")
+                            .header("Accept", "application/json")
+                            .body(Empty::<Bytes>::new().map_err(|n| match n {}).boxed())
+                    };
+                    let list = client.request(get(String::new())?).await?;
+                    anyhow::ensure!(list.status().is_success(), "list {path}: {}", list.status());
+                    let body = list.into_body().collect().await?.to_bytes();
+                    let v: serde_json::Value = serde_json::from_slice(&body)?;
+                    let rv = v["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap_or("0")
+                        .to_string();
+                    let watch = client
+                        .request(get(format!("?watch=1&resourceVersion={rv}"))?)
+                        .await?;
+                    anyhow::ensure!(
+                        watch.status().is_success(),
+                        "watch {path}: {}",
+                        watch.status()
+                    );
+                    let (tx, marker) = (seen_tx.clone(), marker.clone());
+                    let is_slices = path.ends_with("endpointslices");
+                    readers.push(tokio::spawn(async move {
+                        let mut body = watch.into_body();
+                        while let Some(Ok(f)) = body.frame().await {
+                            if let Ok(d) = f.into_data()
+                                && is_slices
+                                && String::from_utf8_lossy(&d).contains(&marker)
+                            {
+                                let _ = tx.send(i).await;
+                            }
+                        }
+                    }));
+                }
+            }
+            // Every watch is open (its headers came back); let the cloud side settle.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let (open, _) = cloud_traffic(&admin, &stack.direct).await?;
+            admin_call(
+                &admin,
+                "DELETE",
+                format!("{}/_standin/traffic", stack.direct),
+                "",
+            )
+            .await?;
+            admin_call(
+                &admin,
+                "PATCH",
+                format!(
+                    "{}/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/svc-0-abc12",
+                    stack.direct
+                ),
+                &format!(r#"{{"metadata":{{"labels":{{"churn":"{marker}"}}}}}}"#),
+            )
+            .await?;
+            let mut seen = std::collections::HashSet::new();
+            while seen.len() < nodes {
+                let i = tokio::time::timeout(Duration::from_secs(10), seen_rx.recv())
+                    .await
+                    .map_err(|_| anyhow::anyhow!("not every kube-proxy saw the change"))?
+                    .ok_or_else(|| anyhow::anyhow!("watches ended"))?;
+                seen.insert(i);
+            }
+            let (_, bytes) = cloud_traffic(&admin, &stack.direct).await?;
+            for r in readers {
+                r.abort();
+            }
+            anyhow::Ok((open, bytes))
+        })?;
+        out[mode] = (open, bytes);
+        drop(hubs);
+    }
+    Ok(out)
 }

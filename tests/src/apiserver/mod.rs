@@ -23,6 +23,7 @@ pub mod stream;
 pub mod table;
 pub mod time;
 pub mod tls;
+pub mod traffic;
 pub mod watch;
 
 use std::{
@@ -89,6 +90,8 @@ pub struct State {
     /// The CA that signs approved CSRs (and every certificate of this cloud).
     pub ca: Arc<TestCa>,
     pub audit: Mutex<std::collections::VecDeque<AuditEntry>>,
+    /// Requests, watches and response bytes per user (what the edge link carries).
+    pub traffic: traffic::Traffic,
     pub auth: RwLock<Auth>,
     pub faults: Faults,
     pub options: Options,
@@ -148,6 +151,7 @@ impl StandIn {
             store: Store::new(options.history_limit),
             ca: ca.clone(),
             audit: Mutex::new(std::collections::VecDeque::new()),
+            traffic: traffic::Traffic::default(),
             auth: RwLock::new(auth),
             faults: Faults::default(),
             options,
@@ -378,6 +382,26 @@ async fn route(
             bearer: bearer.is_some(),
         });
     }
+    let watching = req
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == "watch=1" || p == "watch=true"));
+    let counter = state.traffic.open(&user.name, watching);
+    let resp = authenticated(state, user, path, req).await;
+    let (parts, body) = resp.into_parts();
+    Response::from_parts(
+        parts,
+        http_body_util::BodyExt::boxed(traffic::Counted::new(body, counter)),
+    )
+}
+
+/// Serves a request whose user is known.
+async fn authenticated(
+    state: Arc<State>,
+    user: User,
+    path: String,
+    req: Request<Incoming>,
+) -> Response<Body> {
     if let Some(resp) = misc(&path) {
         return resp;
     }
@@ -458,7 +482,8 @@ fn misc(path: &str) -> Option<Response<Body>> {
     }
 }
 
-/// `/_standin/faults` (GET, PUT) and `/_standin/compact` (POST), for system:masters only.
+/// `/_standin/faults` (GET, PUT), `/_standin/compact` (POST) and `/_standin/traffic` (GET;
+/// DELETE resets it), for system:masters only.
 async fn control(state: &State, user: Option<&User>, req: Request<Incoming>) -> Response<Body> {
     if !user.is_some_and(|u| u.groups.iter().any(|g| g == "system:masters")) {
         return status_error(
@@ -483,6 +508,13 @@ async fn control(state: &State, user: Option<&User>, req: Request<Incoming>) -> 
             Ok(Err(e)) => http::bad_request(&e.to_string()),
             Err(resp) => resp,
         },
+        (Method::GET, "/_standin/traffic") => {
+            json_response(StatusCode::OK, &json!(state.traffic.report()))
+        }
+        (Method::DELETE, "/_standin/traffic") => {
+            state.traffic.reset();
+            json_response(StatusCode::OK, &json!({}))
+        }
         (Method::POST, "/_standin/compact") => {
             state.store.compact();
             json_response(

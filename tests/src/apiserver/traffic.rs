@@ -1,0 +1,135 @@
+//! What the edge link carries, per user: requests, watches opened and still open, and
+//! response body bytes sent. Benchmarks read it (`GET /_standin/traffic`) to compare how
+//! much of the cloud a pool uses with and without its leader.
+use std::{
+    collections::BTreeMap,
+    pin::Pin,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    task::{Context, Poll},
+};
+
+use bytes::Bytes;
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
+use serde::Serialize;
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    watches: AtomicU64,
+    open_watches: AtomicU64,
+    bytes: AtomicU64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct UserTraffic {
+    pub requests: u64,
+    pub watches: u64,
+    pub open_watches: u64,
+    pub bytes: u64,
+}
+
+#[derive(Default)]
+pub struct Traffic(Mutex<BTreeMap<String, Arc<Counters>>>);
+
+/// Counts one response of a user as its body is sent.
+pub struct Counter {
+    counters: Arc<Counters>,
+    watch: bool,
+}
+
+impl Drop for Counter {
+    fn drop(&mut self) {
+        if self.watch {
+            self.counters.open_watches.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Traffic {
+    pub fn open(&self, user: &str, watch: bool) -> Counter {
+        let counters = self
+            .0
+            .lock()
+            .unwrap()
+            .entry(user.to_string())
+            .or_default()
+            .clone();
+        counters.requests.fetch_add(1, Ordering::Relaxed);
+        if watch {
+            counters.watches.fetch_add(1, Ordering::Relaxed);
+            counters.open_watches.fetch_add(1, Ordering::Relaxed);
+        }
+        Counter { counters, watch }
+    }
+
+    pub fn report(&self) -> BTreeMap<String, UserTraffic> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(u, c)| {
+                let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                let t = UserTraffic {
+                    requests: l(&c.requests),
+                    watches: l(&c.watches),
+                    open_watches: l(&c.open_watches),
+                    bytes: l(&c.bytes),
+                };
+                (u.clone(), t)
+            })
+            .collect()
+    }
+
+    /// Zeroes the totals (open watches stay counted).
+    pub fn reset(&self) {
+        for c in self.0.lock().unwrap().values() {
+            c.requests.store(0, Ordering::Relaxed);
+            c.watches.store(0, Ordering::Relaxed);
+            c.bytes.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A response body that adds what it sends to its user's bytes.
+pub struct Counted<B> {
+    inner: B,
+    counter: Counter,
+}
+
+impl<B> Counted<B> {
+    pub fn new(inner: B, counter: Counter) -> Self {
+        Counted { inner, counter }
+    }
+}
+
+impl<B: HttpBody<Data = Bytes> + Unpin> HttpBody for Counted<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(f))) = &polled
+            && let Some(d) = f.data_ref()
+        {
+            self.counter
+                .counters
+                .bytes
+                .fetch_add(d.len() as u64, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
