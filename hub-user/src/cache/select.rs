@@ -23,6 +23,8 @@ struct FieldReq {
 pub struct Selector {
     labels: Vec<LabelReq>,
     fields: Vec<FieldReq>,
+    /// The strings it was parsed from (label selector, field selector).
+    source: (String, String),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -140,7 +142,20 @@ impl Selector {
                 .into_iter()
                 .map(parse_field)
                 .collect::<Result<_, _>>()?,
+            source: (labels.to_string(), fields.to_string()),
         })
+    }
+
+    /// The (label, field) selector strings it was parsed from.
+    pub fn source(&self) -> (&str, &str) {
+        (&self.source.0, &self.source.1)
+    }
+
+    /// Whether everything this selects is also selected by `wider` (every requirement of
+    /// `wider` is one of this selector's): a list cached under `wider` can answer it.
+    pub fn within(&self, wider: &Selector) -> bool {
+        wider.labels.iter().all(|r| self.labels.contains(r))
+            && wider.fields.iter().all(|r| self.fields.contains(r))
     }
 
     /// True when it selects everything.
@@ -183,6 +198,20 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn a_narrower_selector_is_within_a_wider_one() {
+        let p = |l: &str, f: &str| Selector::parse(l, f).unwrap();
+        let node = p("", "spec.nodeName=edge-0");
+        assert!(p("app=web", "spec.nodeName=edge-0").within(&node));
+        assert!(node.within(&node));
+        assert!(node.within(&Selector::default()));
+        assert!(
+            !Selector::default().within(&node),
+            "all pods are more than one node's"
+        );
+        assert!(!p("", "spec.nodeName=edge-1").within(&node));
     }
 
     #[test]

@@ -395,6 +395,7 @@ fn scope_objects(
     store: &Store,
     info: &RequestInfo,
     credential: &str,
+    asked: &Selector,
 ) -> Result<(Vec<Latest>, u64), String> {
     let gvr = info.gvr();
     let Some(meta) = covering_list(store, credential, &gvr, &info.namespace)? else {
@@ -408,6 +409,17 @@ fn scope_objects(
             }
         ));
     };
+    // A list cached under a selector answers only requests within it: anything else
+    // could be missing objects that list never returned.
+    if !meta.unfiltered {
+        let cached = Selector::parse(&meta.selector.0, &meta.selector.1).unwrap_or_default();
+        if !asked.within(&cached) {
+            let (l, f) = (&meta.selector.0, &meta.selector.1);
+            return Err(format!(
+                "only a list of {gvr} with labelSelector {l:?} fieldSelector {f:?} was cached for this client; this request asks for more"
+            ));
+        }
+    }
     let ns = (!info.namespace.is_empty()).then_some(info.namespace.as_str());
     let records = store
         .scan(&store::prefix(credential, &gvr, ns, None))
@@ -424,7 +436,11 @@ fn list(
     credential: &str,
     prefs: &[Encoding],
 ) -> Result<Response<ProxyBody>, String> {
-    let (objects, rv) = scope_objects(store, info, credential)?;
+    let sel = match selector(info, query)? {
+        Ok(s) => s,
+        Err(msg) => return Ok(bad_request(&msg)),
+    };
+    let (objects, rv) = scope_objects(store, info, credential, &sel)?;
     render_list(FROM_LOCAL_CACHE, objects, rv, info, query, prefs)
 }
 
@@ -675,8 +691,9 @@ async fn watch(
         Err(msg) => return Ok(bad_request(&msg)),
     };
     let (scan_info, scan_cred, scan_store) = (info.clone(), credential.clone(), store.clone());
+    let scan_sel = sel.clone();
     let (objects, rv) =
-        run_blocking(move || scope_objects(&scan_store, &scan_info, &scan_cred)).await?;
+        run_blocking(move || scope_objects(&scan_store, &scan_info, &scan_cred, &scan_sel)).await?;
     let live: Vec<&Latest> = objects.iter().filter(|l| !l.deleted).collect();
     let enc = choose(&live, &prefs).map_or(prefs[0], |(e, _)| e);
     let from: u64 = param(&query, "resourceVersion").parse().unwrap_or(0);

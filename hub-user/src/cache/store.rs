@@ -237,11 +237,13 @@ impl Record {
 }
 
 /// What the cache knows about the last complete list of a resource.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListMeta {
     pub rv: u64,
     /// The list had no selector: everything absent from it was absent in the cloud.
     pub unfiltered: bool,
+    /// The selector it had (label, field): it covers only what that selects.
+    pub selector: (String, String),
 }
 
 fn list_key(credential: &str, gvr: &str, namespace: &str) -> Vec<u8> {
@@ -434,9 +436,12 @@ impl Store {
             .map_err(db_err)?;
         Ok(v.and_then(|v| {
             let b = v.value();
+            let text = std::str::from_utf8(b.get(9..).unwrap_or_default()).ok()?;
+            let (labels, fields) = text.split_once('\0').unwrap_or((text, ""));
             Some(ListMeta {
                 rv: u64::from_le_bytes(b.get(..8)?.try_into().ok()?),
                 unfiltered: *b.get(8)? == 1,
+                selector: (labels.to_string(), fields.to_string()),
             })
         }))
     }
@@ -541,6 +546,8 @@ impl Store {
                         )?;
                         let mut meta = rv.to_le_bytes().to_vec();
                         meta.push(u8::from(selector.is_empty()));
+                        let (labels, fields) = selector.source();
+                        meta.extend_from_slice(format!("{labels}\0{fields}").as_bytes());
                         lists
                             .insert(
                                 list_key(&credential, &gvr, &namespace).as_slice(),
@@ -1013,7 +1020,8 @@ mod tests {
             s.list_meta("node", "/v1/pods", "").unwrap(),
             Some(ListMeta {
                 rv: 15,
-                unfiltered: false
+                unfiltered: false,
+                selector: ("app=web".into(), String::new()),
             })
         );
         std::fs::remove_dir_all(dir).unwrap();
