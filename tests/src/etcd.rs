@@ -216,6 +216,14 @@ impl EtcdCluster {
         }
     }
 
+    /// The process ids of the running members (to freeze them, say).
+    pub fn pids(&self) -> Vec<u32> {
+        self.members
+            .iter()
+            .filter_map(|m| m.proc.as_ref().map(|p| p.pid()))
+            .collect()
+    }
+
     /// Client URLs of all members, for `coordinator.endpoints` or etcdctl.
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(|m| m.client_url.clone()).collect()

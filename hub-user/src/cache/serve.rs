@@ -223,7 +223,10 @@ impl Server {
         if !info.is_resource {
             return self.discovery(req.path, req.accept);
         }
-        if !info.subresource.is_empty() {
+        // GET of a status subresource is the whole object, as kube-apiserver answers it
+        // (kubectl patch --subresource=status reads it first).
+        let status_get = info.subresource == "status" && info.verb == "get";
+        if !info.subresource.is_empty() && !status_get {
             return Err(format!(
                 "the {} subresource is not cached",
                 info.subresource

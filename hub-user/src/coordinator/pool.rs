@@ -48,6 +48,12 @@ use crate::{
 pub const EPOCH_KEY: &str = "/hub/epoch";
 /// How often the cache is compared with what was pushed.
 const SYNC_EVERY: Duration = Duration::from_secs(1);
+/// The coordinator's health probe: a read of the epoch key this often, failing after
+/// PROBE_TIMEOUT; PROBE_FAILURES in a row (or a request that got no answer) make it
+/// unhealthy, and the sync loop's next successful round makes it healthy again.
+const PROBE_EVERY: Duration = Duration::from_millis(500);
+const PROBE_TIMEOUT: Duration = Duration::from_millis(800);
+const PROBE_FAILURES: u32 = 2;
 /// Resources that never leave the node.
 const NEVER_PUSHED: [&str; 1] = ["/v1/secrets"];
 
@@ -246,6 +252,31 @@ impl Pool {
             .unwrap_or_else(|p| p.into_inner())
             .insert(gvr.to_string(), (known, Instant::now()));
         known
+    }
+
+    /// A passive signal: a request to the coordinator got no answer in time.
+    pub fn note_unanswered(&self, what: &str) {
+        self.set_error(format!("{what}: no answer in time"));
+    }
+
+    /// Probes the coordinator until `stop`; only ever marks it unhealthy (fast), the sync
+    /// loop marks it healthy once it has read the coordinator's epoch again.
+    async fn probe_forever(self: Arc<Self>, client: Client, mut stop: watch::Receiver<bool>) {
+        let mut failures = 0;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(PROBE_EVERY) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            let mut kv = client.kv_client();
+            match tokio::time::timeout(PROBE_TIMEOUT, kv.get(EPOCH_KEY, None)).await {
+                Ok(Ok(_)) => failures = 0,
+                Ok(Err(_)) | Err(_) => failures += 1,
+            }
+            if failures >= PROBE_FAILURES && self.healthy() {
+                self.set_error(format!("health probe failed {failures} times in a row"));
+            }
+        }
     }
 
     fn set_error(&self, e: String) {
@@ -476,6 +507,7 @@ impl Pool {
             let me = self.clone();
             let eligible = Arc::new(move || cloud_healthy() && me.healthy());
             tokio::spawn(election.run(eligible, stop.clone()));
+            tokio::spawn(self.clone().probe_forever(client.clone(), stop.clone()));
             let c = &self.config.coordinator;
             tokio::spawn(gc::run(
                 self.clone(),

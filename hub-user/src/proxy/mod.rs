@@ -40,6 +40,8 @@ use crate::{
 /// How long a client gets to finish the TLS handshake and send its request headers
 /// (slowloris clients are cut off after this).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request waits for the pool coordinator before the next route is tried.
+const COORDINATOR_ANSWER: Duration = Duration::from_secs(2);
 /// Largest request head accepted (kube-apiserver's is larger, but no API client needs it).
 const MAX_HEADER_BYTES: usize = 64 * 1024;
 
@@ -362,16 +364,26 @@ impl Proxy {
                     let pool_scope = inputs.pool_scope;
                     let keep_open = move || p.healthy() && (pool_scope || !cloud.healthy());
                     let leader_data_only = inputs.cloud_healthy;
-                    match pool
-                        .serve(
-                            &info,
-                            &query,
-                            &accept,
-                            leader_data_only,
-                            Arc::new(keep_open),
-                        )
-                        .await
-                    {
+                    let asked = pool.serve(
+                        &info,
+                        &query,
+                        &accept,
+                        leader_data_only,
+                        Arc::new(keep_open),
+                    );
+                    // A frozen etcd must not hold the client: no answer in time is a
+                    // failure (and a signal on the coordinator's health).
+                    let answer = match tokio::time::timeout(COORDINATOR_ANSWER, asked).await {
+                        Ok(a) => a,
+                        Err(_) => {
+                            pool.note_unanswered("a request");
+                            Err(format!(
+                                "no answer within {} ms",
+                                COORDINATOR_ANSWER.as_millis()
+                            ))
+                        }
+                    };
+                    match answer {
                         Ok(resp) => {
                             self.record(
                                 Route::Coordinator,

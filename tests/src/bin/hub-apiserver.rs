@@ -1,12 +1,14 @@
 //! The Kubernetes API stand-in as a process, for the demo, benchmarks and manual use.
 //!
 //!   hub-apiserver --listen 127.0.0.1:6443 --dir DIR [--nodes N] [--pods-per-node M]
-//!                 [--services K] [--configmaps C] [--configmaps C] [--history EVENTS] [--bookmark-ms MS] [--san NAME]...
+//!                 [--services K] [--configmaps C] [--secrets S] [--history EVENTS] [--bookmark-ms MS]
+//!                 [--san NAME]... [--hub-pki NODE]...
 //!
 //! Writes DIR/ca.crt and DIR/admin.kubeconfig (admin token), seeds the store, prints
 //! "ready" and serves until SIGTERM or SIGINT. With --hub-pki NODE it also writes what a
 //! hub in front of it needs (hub-serving.crt/key, hub-node.crt/key for system:node:NODE,
-//! kubelet.crt/key for a kubelet-style client) and accepts two test identities:
+//! kubelet.crt/key for a kubelet-style client) — in DIR for the first node, in DIR/NODE
+//! for every node given — and accepts two test identities:
 //! token `pod-token` (user system:serviceaccount:default:app, may get/list/watch pods, logs,
 //! configmaps, services, endpoints and endpointslices in default, write configmaps
 //! and exec into pods there) and the group system:nodes (may do anything).
@@ -33,7 +35,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "usage: hub-apiserver --listen ADDR --dir DIR [--nodes N] [--pods-per-node M] [--services K] [--configmaps C] [--history EVENTS] [--bookmark-ms MS] [--san NAME]..."
+            "usage: hub-apiserver --listen ADDR --dir DIR [--nodes N] [--pods-per-node M] [--services K] [--configmaps C] [--secrets S] [--history EVENTS] [--bookmark-ms MS] [--san NAME]... [--hub-pki NODE]..."
         );
         return;
     }
@@ -82,26 +84,51 @@ fn main() {
     for i in 0..num(&args, "--services", 0) {
         seed::service(store, "default", &format!("svc-{i}"), 80);
     }
+    for i in 0..num(&args, "--secrets", 0) {
+        // "s3cr3t", base64 as the API carries it.
+        seed::secret(
+            store,
+            "default",
+            &format!("secret-{i}"),
+            serde_json::json!({"password": "czNjcjN0"}),
+        );
+    }
     std::fs::create_dir_all(&dir).expect("create --dir");
     std::fs::write(dir.join("ca.crt"), standin.ca.cert_pem()).expect("write ca.crt");
     standin
         .write_kubeconfig(&dir.join("admin.kubeconfig"), None)
         .expect("write kubeconfig");
-    if let Some(node) = arg(&args, "--hub-pki") {
-        // The hub answers for the same names and addresses as this server.
-        let sans: Vec<&str> = args
-            .windows(2)
-            .filter(|w| w[0] == "--san")
-            .map(|w| w[1].as_str())
-            .chain([listen_ip.as_str()])
-            .collect();
-        let pki = standin
-            .ca
-            .write_hub_pki(&dir, node, &sans)
-            .expect("write hub PKI");
-        pki.kubelet
-            .write(&dir, "kubelet")
-            .expect("write kubelet cert");
+    // The hub answers for the same names and addresses as this server.
+    let sans: Vec<&str> = args
+        .windows(2)
+        .filter(|w| w[0] == "--san")
+        .map(|w| w[1].as_str())
+        .chain([listen_ip.as_str()])
+        .collect();
+    let nodes: Vec<&str> = args
+        .windows(2)
+        .filter(|w| w[0] == "--hub-pki")
+        .map(|w| w[1].as_str())
+        .collect();
+    for (i, node) in nodes.iter().enumerate() {
+        let own = dir.join(node);
+        let dirs = if i == 0 {
+            vec![dir.clone(), own]
+        } else {
+            vec![own]
+        };
+        for d in dirs {
+            std::fs::create_dir_all(&d).expect("create the PKI dir");
+            let pki = standin
+                .ca
+                .write_hub_pki(&d, node, &sans)
+                .expect("write hub PKI");
+            pki.kubelet
+                .write(&d, "kubelet")
+                .expect("write kubelet cert");
+        }
+    }
+    if !nodes.is_empty() {
         standin.state.auth.write().unwrap().add_test_identities();
     }
     println!("ready");
