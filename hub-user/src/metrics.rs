@@ -15,7 +15,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::cache::Cache;
+use crate::{cache::Cache, coordinator::pool::Pool};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -109,8 +109,90 @@ impl Collector for CacheCollector {
     }
 }
 
+/// The pool coordinator's state, read from it at each scrape (`hub_coordinator_*`).
+#[derive(Default, Clone)]
+pub struct PoolCollector(pub Arc<OnceLock<Arc<Pool>>>);
+
+impl std::fmt::Debug for PoolCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PoolCollector")
+    }
+}
+
+impl Collector for PoolCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(pool) = self.0.get() else {
+            return Ok(());
+        };
+        let s = pool.status();
+        for (name, help, v) in [
+            (
+                "healthy",
+                "1 if the pool coordinator is healthy",
+                i64::from(s.healthy),
+            ),
+            (
+                "leader",
+                "1 while this hub leads its pool",
+                i64::from(s.role == "leader"),
+            ),
+        ] {
+            let g = ConstGauge::new(v);
+            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
+        for (name, help, v) in [
+            (
+                "full_pushes",
+                "Pushes of everything (the first, and one per coordinator rebuild)",
+                s.full_pushes,
+            ),
+            (
+                "sets_pushed",
+                "Component sets written to the coordinator",
+                s.lists_pushed,
+            ),
+            (
+                "objects_pushed",
+                "Objects written to the coordinator by pushes",
+                s.objects_written,
+            ),
+            (
+                "leader_lists",
+                "Pool-scope lists the leader wrote",
+                s.leader_lists,
+            ),
+            (
+                "leader_events",
+                "Pool-scope watch events the leader applied",
+                s.leader_events,
+            ),
+            (
+                "leader_stale",
+                "Pool-scope events older than what the coordinator held",
+                s.leader_stale,
+            ),
+            (
+                "gc_removed",
+                "Objects the leader's sweeps removed (no live hub held them)",
+                s.gc.removed,
+            ),
+            (
+                "gc_nodes_removed",
+                "Departed hubs whose records the leader removed",
+                s.gc.nodes_removed,
+            ),
+        ] {
+            let c = ConstCounter::new(v);
+            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
+    /// Filled once the pool is set up.
+    pub pool: PoolCollector,
     /// Filled once the cache is open; its counters are read at each scrape.
     pub cache: CacheCollector,
     pub requests: Family<RequestLabels, Counter>,
@@ -163,6 +245,10 @@ impl Metrics {
         registry
             .sub_registry_with_prefix("cache")
             .register_collector(Box::new(cache.clone()));
+        let pool = PoolCollector::default();
+        registry
+            .sub_registry_with_prefix("coordinator")
+            .register_collector(Box::new(pool.clone()));
         registry.sub_registry_with_prefix("intercept").register(
             "connections",
             "Connections accepted on intercepted VIP listeners",
@@ -170,6 +256,7 @@ impl Metrics {
         );
         Metrics {
             registry,
+            pool,
             cache,
             requests,
             latency,

@@ -165,6 +165,7 @@ impl HubState {
     }
 
     pub fn set_pool(&self, pool: Arc<Pool>) {
+        let _ = self.metrics.pool.0.set(pool.clone());
         let _ = self.pool.set(pool);
     }
 

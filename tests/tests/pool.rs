@@ -342,6 +342,18 @@ fn the_leader_syncs_pool_scope_resources_for_the_pool_and_followers_watch_them_a
         },
     );
     let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let metrics = nodes[leader].as_ref().unwrap().hub.admin_get("/metrics");
+    assert!(
+        metrics.contains("hub_coordinator_leader 1")
+            && metrics.contains("hub_coordinator_healthy 1"),
+        "{metrics}"
+    );
+    let metrics = nodes[followers[0]]
+        .as_ref()
+        .unwrap()
+        .hub
+        .admin_get("/metrics");
+    assert!(metrics.contains("hub_coordinator_leader 0"), "{metrics}");
     let client = |i: usize| {
         Client::new(
             format!("127.0.0.1:{}", nodes[i].as_ref().unwrap().tls)
