@@ -240,7 +240,7 @@ pub fn render(s: &StatusReport) -> String {
         Some(c) => {
             let _ = writeln!(
                 out,
-                "coordinator:  pool {} {} ({}), epoch {}, {} full pushes, {} lists / {} objects pushed{}",
+                "coordinator:  pool {} {} ({}), epoch {}, {} full pushes, {} sets / {} objects pushed, {} older than the pool's dropped{}",
                 c.pool,
                 if c.healthy { "healthy" } else { "UNHEALTHY" },
                 c.endpoints.join(","),
@@ -248,6 +248,7 @@ pub fn render(s: &StatusReport) -> String {
                 c.full_pushes,
                 c.lists_pushed,
                 c.objects_written,
+                c.stale_dropped,
                 c.last_error
                     .as_ref()
                     .map(|e| format!(" (last error: {e})"))

@@ -157,6 +157,11 @@ impl Collector for PoolCollector {
                 s.objects_written,
             ),
             (
+                "stale_dropped",
+                "Pushed objects the coordinator held newer, dropped",
+                s.stale_dropped,
+            ),
+            (
                 "leader_lists",
                 "Pool-scope lists the leader wrote",
                 s.leader_lists,

@@ -1,14 +1,16 @@
-//! The hub's part in its node pool (issue 8, first part): push what this node's cache holds
-//! into the pool's coordinator, notice a coordinator that was rebuilt (its epoch key gone,
-//! or another etcd cluster id) and push everything again, and answer get/list for the whole
-//! pool from the coordinator while the cloud is unreachable.
+//! The hub's part in its node pool (design.md §7): push what this node's cache holds into
+//! the pool's coordinator (every second, the sets that changed; everything after a start),
+//! notice a coordinator that was rebuilt (its epoch key gone, or another etcd cluster id)
+//! and push everything again, probe its health, and answer get/list/watch for the whole
+//! pool from it while the cloud is unreachable.
 //!
 //! Only what the cloud returned to the node identity is pushed (kubelet, kube-proxy, … —
 //! never a pod's bearer-token reads, never Secrets), and pool data is served only to the
 //! node identity, so nothing reaches a client the cloud did not authorise for it.
 //! The hub also takes part in the pool's leader election (`election`); the leader syncs
-//! the pool-scope resources from the cloud (`leader`), and followers read those from the
-//! coordinator while the cloud is up (get, list, and watch — `watch`).
+//! the pool-scope resources from the cloud (`leader`) and sweeps what no live hub holds
+//! (`gc`, fed by each hub's membership key and set records), and followers read the
+//! pool-scope resources from the coordinator while the cloud is up (`watch` for watches).
 use std::{
     collections::HashMap,
     sync::{
@@ -70,6 +72,9 @@ pub struct PoolStatus {
     /// Lists replaced in the coordinator, and objects written by them.
     pub lists_pushed: u64,
     pub objects_written: u64,
+    /// Pushed objects the coordinator already held newer (from another hub): dropped.
+    #[serde(default)]
+    pub stale_dropped: u64,
     pub last_push_ms: u64,
     /// As leader: complete lists of pool-scope resources written, watch events applied,
     /// events older than what the coordinator held (dropped).
@@ -458,6 +463,7 @@ impl Pool {
             let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
             s.lists_pushed += 1;
             s.objects_written += r.written as u64;
+            s.stale_dropped += r.stale as u64;
         }
         if pushed_now {
             let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
