@@ -73,21 +73,8 @@ fn start_named_hub(
     }
 }
 
-fn pod_keys(etcd: &EtcdCluster) -> Vec<String> {
-    etcd.etcdctl(
-        &etcd.endpoints(),
-        &["get", "/registry/pods/", "--prefix", "--keys-only"],
-    )
-    .unwrap_or_default()
-    .lines()
-    .filter(|l| !l.is_empty())
-    .map(String::from)
-    .collect()
-}
-
-#[test]
-fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
-    let mut etcd = EtcdCluster::start(1);
+/// The cloud: a stand-in on loopback with the test identities, and its CA.
+fn cloud() -> (Arc<TestCa>, StandIn) {
     let ca = Arc::new(TestCa::new("cloud-ca"));
     let cloud = StandIn::start_with_ca(
         "127.0.0.1:0".parse().unwrap(),
@@ -97,6 +84,13 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
     .unwrap();
     cloud.state.auth.write().unwrap().add_test_identities();
     seed::base(&cloud.state.store);
+    (ca, cloud)
+}
+
+#[test]
+fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
+    let mut etcd = EtcdCluster::start(1);
+    let (ca, cloud) = cloud();
     seed::cluster(&cloud.state.store, 2, 3);
     let dir = TempDir::new("pool");
     let pki = ca.write_hub_pki(dir.path(), LOOPBACK_NODE, &[]).unwrap();
@@ -139,7 +133,7 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
         "both nodes' pods in the coordinator",
         Duration::from_secs(20),
         || {
-            let keys = pod_keys(&etcd);
+            let keys = etcd_keys(&etcd, "/registry/pods/");
             (keys.len() == 6).then_some(keys)
         },
     );
@@ -167,7 +161,7 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
         "the deleted pod gone from the coordinator",
         Duration::from_secs(20),
         || {
-            let keys = pod_keys(&etcd);
+            let keys = etcd_keys(&etcd, "/registry/pods/");
             (keys.len() == 5 && !keys.contains(&"/registry/pods/default/pod-0-2".to_string()))
                 .then_some(())
         },
@@ -234,7 +228,7 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
     let epoch = nodes[0].hub.status()["coordinator"]["epoch"].clone();
     etcd.wipe_member(0);
     let refilled = wait_for("the hubs to re-push", Duration::from_secs(20), || {
-        let keys = pod_keys(&etcd);
+        let keys = etcd_keys(&etcd, "/registry/pods/");
         (keys.len() == 5).then_some(keys)
     });
     let expected: Vec<String> = all_six
@@ -258,46 +252,11 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
 
 const SLICES: &str = "/apis/discovery.k8s.io/v1/endpointslices";
 
-fn slice(name: &str, port: u16) -> Value {
-    serde_json::json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": name}},
-        "addressType": "IPv4", "endpoints": [], "ports": [{"name": "http", "port": port, "protocol": "TCP"}]
-    })
-}
-
-/// The (type, name) of the next watch event that is not a bookmark.
-fn next_change(w: &mut hub_tests::apiserver::client::Stream<'_>) -> (String, String) {
-    loop {
-        let e = w
-            .next_event(Duration::from_secs(15))
-            .expect("a watch event within 15 s");
-        let ty = e["type"].as_str().unwrap_or_default().to_string();
-        if ty != "BOOKMARK" {
-            return (
-                ty,
-                e["object"]["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .into(),
-            );
-        }
-    }
-}
-
 #[test]
 fn the_leader_syncs_pool_scope_resources_for_the_pool_and_followers_watch_them_across_a_failover() {
     const TTL: u64 = 3;
     let etcd = EtcdCluster::start(1);
-    let ca = Arc::new(TestCa::new("cloud-ca"));
-    let cloud = StandIn::start_with_ca(
-        "127.0.0.1:0".parse().unwrap(),
-        Options::default(),
-        ca.clone(),
-    )
-    .unwrap();
-    cloud.state.auth.write().unwrap().add_test_identities();
-    seed::base(&cloud.state.store);
+    let (ca, cloud) = cloud();
     for i in 0..5 {
         seed::service(&cloud.state.store, "default", &format!("svc-{i}"), 8000 + i);
     }
@@ -305,11 +264,7 @@ fn the_leader_syncs_pool_scope_resources_for_the_pool_and_followers_watch_them_a
     let names = ["edge-0", "edge-1", "edge-2"];
     let pkis: Vec<_> = names
         .iter()
-        .map(|n| {
-            let d = dir.path().join(n);
-            std::fs::create_dir_all(&d).unwrap();
-            ca.write_hub_pki(&d, n, &[]).unwrap()
-        })
+        .map(|n| ca.write_hub_pki(&dir.path().join(n), n, &[]).unwrap())
         .collect();
     let more = format!("  leaderLeaseSeconds: {TTL}\n");
     let mut nodes: Vec<Option<Node>> = names
@@ -413,7 +368,11 @@ fn the_leader_syncs_pool_scope_resources_for_the_pool_and_followers_watch_them_a
     let ns_slices = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices";
     assert_eq!(
         admin
-            .send_json("POST", ns_slices, &slice("new-0", 9000))
+            .send_json(
+                "POST",
+                ns_slices,
+                &seed::endpointslice_object("new-0", 9000)
+            )
             .status,
         201
     );
@@ -434,9 +393,18 @@ fn the_leader_syncs_pool_scope_resources_for_the_pool_and_followers_watch_them_a
         200
     );
     for w in &mut watches {
-        assert_eq!(next_change(w), ("ADDED".into(), "new-0".into()));
-        assert_eq!(next_change(w), ("MODIFIED".into(), "svc-1-abc12".into()));
-        assert_eq!(next_change(w), ("DELETED".into(), "svc-2-abc12".into()));
+        assert_eq!(
+            w.next_change(Duration::from_secs(15)),
+            ("ADDED".into(), "new-0".into())
+        );
+        assert_eq!(
+            w.next_change(Duration::from_secs(15)),
+            ("MODIFIED".into(), "svc-1-abc12".into())
+        );
+        assert_eq!(
+            w.next_change(Duration::from_secs(15)),
+            ("DELETED".into(), "svc-2-abc12".into())
+        );
     }
 
     // Kill the leader's hub: another takes over within the lease TTL, and changes made
@@ -446,7 +414,11 @@ fn the_leader_syncs_pool_scope_resources_for_the_pool_and_followers_watch_them_a
     for i in 1..=3 {
         assert_eq!(
             admin
-                .send_json("POST", ns_slices, &slice(&format!("gap-{i}"), 9000 + i))
+                .send_json(
+                    "POST",
+                    ns_slices,
+                    &seed::endpointslice_object(&format!("gap-{i}"), 9000 + i)
+                )
                 .status,
             201
         );
@@ -463,17 +435,27 @@ fn the_leader_syncs_pool_scope_resources_for_the_pool_and_followers_watch_them_a
     assert!(took <= Duration::from_secs(TTL + 1), "took {took:?}");
     for w in &mut watches {
         for i in 1..=3 {
-            assert_eq!(next_change(w), ("ADDED".into(), format!("gap-{i}")));
+            assert_eq!(
+                w.next_change(Duration::from_secs(15)),
+                ("ADDED".into(), format!("gap-{i}"))
+            );
         }
     }
     assert_eq!(
         admin
-            .send_json("POST", ns_slices, &slice("after", 9100))
+            .send_json(
+                "POST",
+                ns_slices,
+                &seed::endpointslice_object("after", 9100)
+            )
             .status,
         201
     );
     for w in &mut watches {
-        assert_eq!(next_change(w), ("ADDED".into(), "after".into()));
+        assert_eq!(
+            w.next_change(Duration::from_secs(15)),
+            ("ADDED".into(), "after".into())
+        );
     }
 
     // The cloud saw one watch of endpointslices at a time for the whole pool: from the
@@ -535,15 +517,7 @@ fn etcd_keys(etcd: &EtcdCluster, prefix: &str) -> Vec<String> {
 fn what_no_live_hub_holds_leaves_the_coordinator_and_what_one_holds_stays() {
     const GRACE: u64 = 3;
     let etcd = EtcdCluster::start(1);
-    let ca = Arc::new(TestCa::new("cloud-ca"));
-    let cloud = StandIn::start_with_ca(
-        "127.0.0.1:0".parse().unwrap(),
-        Options::default(),
-        ca.clone(),
-    )
-    .unwrap();
-    cloud.state.auth.write().unwrap().add_test_identities();
-    seed::base(&cloud.state.store);
+    let (ca, cloud) = cloud();
     let names = ["edge-0", "edge-1", "edge-2"];
     for n in names {
         seed::node(&cloud.state.store, n);
@@ -568,11 +542,7 @@ fn what_no_live_hub_holds_leaves_the_coordinator_and_what_one_holds_stays() {
     let dir = TempDir::new("pool");
     let pkis: Vec<_> = names
         .iter()
-        .map(|n| {
-            let d = dir.path().join(n);
-            std::fs::create_dir_all(&d).unwrap();
-            ca.write_hub_pki(&d, n, &[]).unwrap()
-        })
+        .map(|n| ca.write_hub_pki(&dir.path().join(n), n, &[]).unwrap())
         .collect();
     let more = format!(
         "  leaderLeaseSeconds: 2\n  gcIntervalSeconds: 1\n  nodeGraceSeconds: {GRACE}\n  getObjectTtlSeconds: 3\n"

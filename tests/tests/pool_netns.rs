@@ -45,9 +45,7 @@ fn start_node(
 ) -> Node {
     let name = NODES[i];
     let ip = PoolNet::node_ip(i);
-    let dir = pki_dir.join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let pki = ca.write_hub_pki(&dir, name, &[&ip]).unwrap();
+    let pki = ca.write_hub_pki(&pki_dir.join(name), name, &[&ip]).unwrap();
     let tls = free_port();
     let endpoints: Vec<String> = etcd
         .endpoints()
@@ -136,33 +134,6 @@ fn role(h: &HubProc) -> String {
     h.try_status()
         .and_then(|s| s["coordinator"]["role"].as_str().map(String::from))
         .unwrap_or_default()
-}
-
-/// The (type, name) of the next watch event that is not a bookmark.
-fn next_change(w: &mut hub_tests::apiserver::client::Stream<'_>) -> (String, String) {
-    loop {
-        let e = w
-            .next_event(Duration::from_secs(20))
-            .expect("a watch event within 20 s");
-        let ty = e["type"].as_str().unwrap_or_default().to_string();
-        if ty != "BOOKMARK" {
-            return (
-                ty,
-                e["object"]["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .into(),
-            );
-        }
-    }
-}
-
-fn slice(name: &str) -> Value {
-    serde_json::json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": name}},
-        "addressType": "IPv4", "endpoints": [], "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]
-    })
 }
 
 #[test]
@@ -261,11 +232,20 @@ fn three_hubs_in_node_namespaces_share_a_three_member_coordinator() {
     let admin = Client::new(cloud.addr, ca.cert_der(), Some(ADMIN_TOKEN), None);
     let ns_slices = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices";
     assert_eq!(
-        admin.send_json("POST", ns_slices, &slice("churn-0")).status,
+        admin
+            .send_json(
+                "POST",
+                ns_slices,
+                &seed::endpointslice_object("churn-0", 80)
+            )
+            .status,
         201
     );
     for w in &mut watches {
-        assert_eq!(next_change(w), ("ADDED".into(), "churn-0".into()));
+        assert_eq!(
+            w.next_change(Duration::from_secs(20)),
+            ("ADDED".into(), "churn-0".into())
+        );
     }
     // The cloud saw pool-scope watches from the leader's node only; followers' clients
     // never reached it for pool-scope resources.
@@ -297,7 +277,13 @@ fn three_hubs_in_node_namespaces_share_a_three_member_coordinator() {
     let killed = Instant::now();
     hubs[leader].as_mut().unwrap().proc.kill9();
     assert_eq!(
-        admin.send_json("POST", ns_slices, &slice("churn-1")).status,
+        admin
+            .send_json(
+                "POST",
+                ns_slices,
+                &seed::endpointslice_object("churn-1", 80)
+            )
+            .status,
         201
     );
     let new_leader = wait_for("a new leader", Duration::from_secs(TTL + 10), || {
@@ -313,7 +299,10 @@ fn three_hubs_in_node_namespaces_share_a_three_member_coordinator() {
     );
     assert!(took <= Duration::from_secs(TTL + 1), "took {took:?}");
     for w in &mut watches {
-        assert_eq!(next_change(w), ("ADDED".into(), "churn-1".into()));
+        assert_eq!(
+            w.next_change(Duration::from_secs(20)),
+            ("ADDED".into(), "churn-1".into())
+        );
     }
     hubs[leader] = None;
     drop(watches);

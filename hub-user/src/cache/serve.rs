@@ -89,7 +89,7 @@ pub(crate) fn api_version(info: &RequestInfo) -> String {
     }
 }
 
-pub(crate) fn respond(
+fn respond(
     source: &str,
     enc_type: &str,
     body: impl Into<Bytes>,
@@ -606,7 +606,7 @@ fn render_list(
 }
 
 /// A response body fed from a channel (offline watches).
-pub(crate) struct ChannelBody(pub(crate) mpsc::Receiver<Bytes>);
+struct ChannelBody(mpsc::Receiver<Bytes>);
 
 impl Body for ChannelBody {
     type Data = Bytes;
@@ -737,11 +737,7 @@ async fn watch(
             ),
         ));
     }
-    let timeout = param(&query, "timeoutSeconds")
-        .parse::<u64>()
-        .ok()
-        .filter(|s| *s > 0)
-        .map(Duration::from_secs);
+    let timeout = watch_timeout(&query);
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     tokio::spawn(async move {
         let started = Instant::now();
@@ -770,13 +766,31 @@ async fn watch(
             }
         }
     });
+    Ok(watch_response(FROM_LOCAL_CACHE, enc, rx))
+}
+
+/// The answer to a watch whose events, in `enc`, come from `events`.
+pub(crate) fn watch_response(
+    source: &str,
+    enc: Encoding,
+    events: mpsc::Receiver<Bytes>,
+) -> Response<ProxyBody> {
     let ct = match enc {
         Encoding::Json => "application/json".to_string(),
         Encoding::Protobuf => format!("{};stream=watch", enc.content_type()),
     };
-    let mut resp = respond(FROM_LOCAL_CACHE, &ct, Bytes::new(), None);
-    *resp.body_mut() = ChannelBody(rx).boxed();
-    Ok(resp)
+    let mut resp = respond(source, &ct, Bytes::new(), None);
+    *resp.body_mut() = ChannelBody(events).boxed();
+    resp
+}
+
+/// A watch's timeoutSeconds, if it has one.
+pub(crate) fn watch_timeout(query: &str) -> Option<Duration> {
+    param(query, "timeoutSeconds")
+        .parse::<u64>()
+        .ok()
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs)
 }
 
 #[cfg(test)]

@@ -527,23 +527,7 @@ impl Storage {
         r: &Resource,
         namespace: Option<&str>,
     ) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
-        let prefix = keys::range_prefix(&self.prefix, &r.group, &r.resource, namespace)?;
-        let resp = self
-            .txn(Txn::new().and_then([TxnOp::get(prefix, Some(GetOptions::new().with_prefix()))]))
-            .await?;
-        let Some(TxnOpResponse::Get(got)) = resp.op_responses().into_iter().next() else {
-            return Err(StorageError::Shape);
-        };
-        Ok(got
-            .kvs()
-            .iter()
-            .map(|kv| {
-                (
-                    String::from_utf8_lossy(kv.key()).into_owned(),
-                    kv.value().to_vec(),
-                )
-            })
-            .collect())
+        Ok(self.snapshot(r, namespace).await?.objects)
     }
 
     /// Everything a scope holds at one etcd revision: the objects, and the newest cloud

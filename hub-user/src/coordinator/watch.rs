@@ -5,14 +5,10 @@
 //! from the cloud continues consistently. A selector is applied to the old and the new
 //! state of each change: an object leaving the selection is a DELETED event, one entering
 //! it an ADDED event, as kube-apiserver does.
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Instant};
 
 use bytes::Bytes;
 use etcd_client::EventType as EtcdEvent;
-use http_body_util::BodyExt;
 use hyper::Response;
 use tokio::sync::mpsc;
 
@@ -21,8 +17,8 @@ use crate::{
     cache::{
         objects::{self, Encoding, Item},
         serve::{
-            BOOKMARK_EVERY, CLOUD_CHECK, ChannelBody, accepted, api_version, bad_request, event,
-            meta_only, param, respond, selector,
+            BOOKMARK_EVERY, CLOUD_CHECK, accepted, api_version, bad_request, event, meta_only,
+            param, selector, watch_response, watch_timeout,
         },
         store::ObjectKey,
     },
@@ -162,11 +158,7 @@ pub async fn serve(
         );
         first.push(event(enc, "BOOKMARK", &end));
     }
-    let timeout = param(query, "timeoutSeconds")
-        .parse::<u64>()
-        .ok()
-        .filter(|s| *s > 0)
-        .map(Duration::from_secs);
+    let timeout = watch_timeout(query);
     let resource_name = info.resource.clone();
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
@@ -248,13 +240,7 @@ pub async fn serve(
             }
         }
     });
-    let ct = match enc {
-        Encoding::Json => "application/json".to_string(),
-        Encoding::Protobuf => format!("{};stream=watch", enc.content_type()),
-    };
-    let mut resp = respond(source, &ct, Bytes::new(), None);
-    *resp.body_mut() = ChannelBody(rx).boxed();
-    Ok(resp)
+    Ok(watch_response(source, enc, rx))
 }
 
 #[cfg(test)]

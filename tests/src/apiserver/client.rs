@@ -91,6 +91,21 @@ impl Stream<'_> {
         self.next_line(timeout)
             .map(|l| serde_json::from_str(&l).expect("watch event JSON"))
     }
+
+    /// (type, object name) of the next watch event that is not a bookmark; panics when
+    /// none comes within `timeout`.
+    pub fn next_change(&mut self, timeout: Duration) -> (String, String) {
+        loop {
+            let e = self
+                .next_event(timeout)
+                .unwrap_or_else(|| panic!("no watch event within {timeout:?}"));
+            let ty = e["type"].as_str().unwrap_or_default().to_string();
+            if ty != "BOOKMARK" {
+                let name = e["object"]["metadata"]["name"].as_str().unwrap_or_default();
+                return (ty, name.to_string());
+            }
+        }
+    }
 }
 
 impl Client {

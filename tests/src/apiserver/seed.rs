@@ -120,6 +120,15 @@ pub fn service(store: &Store, ns: &str, name: &str, port: u16) {
     );
 }
 
+/// An EndpointSlice of `default` as a client would create it (no endpoints yet).
+pub fn endpointslice_object(name: &str, port: u16) -> Value {
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4", "endpoints": [], "ports": [{"name": "http", "port": port, "protocol": "TCP"}]
+    })
+}
+
 pub fn configmap(store: &Store, ns: &str, name: &str, data: Value) {
     put(
         store,

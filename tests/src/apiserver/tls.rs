@@ -157,6 +157,7 @@ impl TestCa {
         node_name: &str,
         extra_sans: &[&str],
     ) -> std::io::Result<HubPki> {
+        std::fs::create_dir_all(dir)?;
         let ca = dir.join("ca.crt");
         std::fs::write(&ca, self.cert_pem())?;
         let mut sans = vec![

@@ -118,7 +118,6 @@ fn main() {
             vec![own]
         };
         for d in dirs {
-            std::fs::create_dir_all(&d).expect("create the PKI dir");
             let pki = standin
                 .ca
                 .write_hub_pki(&d, node, &sans)
