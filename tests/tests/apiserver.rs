@@ -128,13 +128,40 @@ fn kubectl_works_over_tls() {
     let (ok, _, err) = kubectl(&kc, &["get", "configmap", "demo"]);
     assert!(!ok && err.contains("NotFound"), "{err}");
 
-    // logs, and exec with stdin over the websocket protocol.
+    // logs, and exec with stdin over the websocket protocol and over SPDY/3.1.
     let logs = kubectl_ok(&kc, &["logs", "pod-0-0"]);
     assert_eq!(logs.lines().next(), Some("pod-0-0/main line 1"));
     assert_eq!(
         kubectl_stdin(&kc, &["exec", "-i", "pod-0-0", "--", "cat"], "hello exec\n"),
         "hello exec\n"
     );
+    let spdy = Command::new("kubectl")
+        .args(["exec", "pod-0-0", "--", "echo", "over", "spdy"])
+        .env("KUBECONFIG", &kc)
+        .env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")
+        .output()
+        .unwrap();
+    assert!(
+        spdy.status.success(),
+        "{}",
+        String::from_utf8_lossy(&spdy.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&spdy.stdout), "echo over spdy\n");
+    let mut spdy_in = Command::new("kubectl")
+        .args(["exec", "-i", "pod-0-0", "--", "cat"])
+        .env("KUBECONFIG", &kc)
+        .env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = spdy_in.stdin.take().unwrap();
+        stdin.write_all(b"hello spdy\n").unwrap();
+    }
+    let out = spdy_in.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello spdy\n");
 }
 
 #[test]

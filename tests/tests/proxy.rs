@@ -205,21 +205,29 @@ fn kubectl_over_http2_and_a_client_over_http11() {
         run(&["logs", "pod-0-0"]).lines().next(),
         Some("pod-0-0/main line 1")
     );
-    // exec with stdin: an upgrade spliced through the hub both ways.
-    let mut exec = Command::new("kubectl")
-        .args(["exec", "-i", "pod-0-0", "--", "cat"])
-        .env("KUBECONFIG", &kc)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    exec.stdin
-        .take()
-        .unwrap()
-        .write_all(b"through the hub\n")
-        .unwrap();
-    let out = exec.wait_with_output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "through the hub\n");
+    // exec with stdin: an upgrade spliced through the hub both ways, over websocket (what
+    // kubectl speaks first) and over SPDY/3.1 (what older clients and client-go speak).
+    for websockets in ["true", "false"] {
+        let mut exec = Command::new("kubectl")
+            .args(["exec", "-i", "pod-0-0", "--", "cat"])
+            .env("KUBECONFIG", &kc)
+            .env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", websockets)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        exec.stdin
+            .take()
+            .unwrap()
+            .write_all(b"through the hub\n")
+            .unwrap();
+        let out = exec.wait_with_output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "through the hub\n",
+            "websockets={websockets}"
+        );
+    }
     // kubectl spoke HTTP/2 to the hub (it prefers h2 when offered).
     let http2 = Command::new("curl")
         .args([

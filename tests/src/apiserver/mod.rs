@@ -18,6 +18,7 @@ pub mod resources;
 pub mod seed;
 pub mod select;
 pub mod signer;
+pub mod spdy;
 pub mod store;
 pub mod stream;
 pub mod table;

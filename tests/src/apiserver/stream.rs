@@ -1,7 +1,6 @@
 //! Streams: pods/log (optionally followed), and pods/exec + pods/attach over websocket
-//! (v5.channel.k8s.io / v4.channel.k8s.io) that echo stdin to stdout, so upgrade
-//! passthrough can be tested end to end. SPDY is not implemented; kubectl 1.30+ uses
-//! websockets first.
+//! (v5.channel.k8s.io / v4.channel.k8s.io) or SPDY/3.1 (`spdy`) that echo stdin to stdout,
+//! so upgrade passthrough can be tested end to end with either.
 use std::{collections::HashMap, time::Duration};
 
 use bytes::Bytes;
@@ -16,7 +15,7 @@ use tokio::{
 use super::{
     State,
     http::{Body, Target, bad_request, full, status_error},
-    resources,
+    resources, spdy,
     store::Key,
     watch::ChannelBody,
 };
@@ -145,15 +144,19 @@ fn accept_key(key: &str) -> String {
 pub async fn exec(req: Request<Incoming>, t: &Target) -> Response<Body> {
     let _ = resources::get(t.resource);
     let headers = req.headers();
-    let is_ws = headers
+    let upgrade = headers
         .get(header::UPGRADE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    if !is_ws {
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    if upgrade == "spdy/3.1" {
+        return exec_spdy(req);
+    }
+    if upgrade != "websocket" {
         return status_error(
             StatusCode::BAD_REQUEST,
             "BadRequest",
-            "Upgrade request required (this stand-in speaks websocket v5/v4.channel.k8s.io, not SPDY)",
+            "Upgrade request required (websocket v5/v4.channel.k8s.io or SPDY/3.1)",
             None,
         );
     }
@@ -193,6 +196,46 @@ pub async fn exec(req: Request<Incoming>, t: &Target) -> Response<Body> {
         .header(header::CONNECTION, "Upgrade")
         .header(header::SEC_WEBSOCKET_ACCEPT, accept)
         .header(header::SEC_WEBSOCKET_PROTOCOL, *protocol)
+        .body(full(Bytes::new()))
+        .expect("response")
+}
+
+/// The SPDY/3.1 upgrade of exec/attach (`X-Stream-Protocol-Version` negotiated).
+fn exec_spdy(req: Request<Incoming>) -> Response<Body> {
+    let offered: Vec<String> = req
+        .headers()
+        .get_all("x-stream-protocol-version")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(|p| p.trim().to_string()))
+        .collect();
+    let Some(protocol) = spdy::PROTOCOLS
+        .iter()
+        .find(|p| offered.iter().any(|o| o == *p))
+    else {
+        return bad_request(
+            "no supported stream protocol (want v4.channel.k8s.io, v3 or v2 over SPDY/3.1)",
+        );
+    };
+    let q = super::http::query(req.uri());
+    let channels = spdy::Channels {
+        stdin: super::http::flag(&q, "stdin"),
+        stdout: super::http::flag(&q, "stdout"),
+        stderr: super::http::flag(&q, "stderr"),
+        tty: super::http::flag(&q, "tty"),
+    };
+    let command = super::http::query_values(req.uri(), "command");
+    tokio::spawn(async move {
+        let Ok(upgraded) = hyper::upgrade::on(req).await else {
+            return;
+        };
+        let _ = spdy::echo_session(TokioIo::new(upgraded), channels, command).await;
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::UPGRADE, "SPDY/3.1")
+        .header(header::CONNECTION, "Upgrade")
+        .header("X-Stream-Protocol-Version", *protocol)
         .body(full(Bytes::new()))
         .expect("response")
 }
