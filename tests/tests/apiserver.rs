@@ -896,3 +896,93 @@ fn protobuf_pods_decode_with_k8s_pb_like_the_json_form() {
         .unwrap();
     assert_eq!(only_pb.status, 406);
 }
+
+#[test]
+fn protobuf_request_bodies_of_node_kinds_are_read_like_json() {
+    use k8s_pb::{
+        api::coordination::v1::{Lease, LeaseSpec},
+        apimachinery::pkg::{
+            apis::meta::v1::{MicroTime, ObjectMeta},
+            runtime::{TypeMeta, Unknown},
+        },
+    };
+    use prost::Message;
+    let s = standin(Options::default());
+    let a = admin(&s);
+    // A lease built with the real protobuf types, as kubelet's typed client sends it.
+    let body = |rv: Option<&str>, renew: i64| {
+        let lease = Lease {
+            metadata: Some(ObjectMeta {
+                name: Some("node-0".into()),
+                namespace: Some("default".into()),
+                resource_version: rv.map(String::from),
+                ..Default::default()
+            }),
+            spec: Some(LeaseSpec {
+                holder_identity: Some("node-0".into()),
+                lease_duration_seconds: Some(40),
+                renew_time: Some(MicroTime {
+                    seconds: Some(renew),
+                    nanos: Some(0),
+                }),
+                ..Default::default()
+            }),
+        };
+        let u = Unknown {
+            type_meta: Some(TypeMeta {
+                api_version: Some("coordination.k8s.io/v1".into()),
+                kind: Some("Lease".into()),
+            }),
+            raw: Some(lease.encode_to_vec()),
+            content_encoding: Some(String::new()),
+            content_type: Some(String::new()),
+        };
+        [b"k8s\0".to_vec(), u.encode_to_vec()].concat()
+    };
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/default/leases";
+    let pb = [("Content-Type", "application/vnd.kubernetes.protobuf")];
+    let r = a
+        .request("POST", leases, &pb, &body(None, 1_780_000_000))
+        .unwrap();
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    let got = a.get(&format!("{leases}/node-0")).json();
+    assert_eq!(got["spec"]["holderIdentity"], "node-0");
+    assert_eq!(got["spec"]["leaseDurationSeconds"], 40);
+    assert_eq!(got["spec"]["renewTime"], "2026-05-28T20:26:40.000000Z");
+    let rv = got["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // An update in protobuf: with the current resourceVersion it applies, with a stale
+    // one it conflicts, exactly as in JSON.
+    let path = format!("{leases}/node-0");
+    let r = a
+        .request("PUT", &path, &pb, &body(Some(&rv), 1_780_000_010))
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let r = a
+        .request("PUT", &path, &pb, &body(Some(&rv), 1_780_000_020))
+        .unwrap();
+    assert_eq!(r.status, 409);
+    // Garbage, the wrong kind, and kinds nodes do not write in protobuf.
+    let r = a.request("PUT", &path, &pb, b"k8s\0not protobuf").unwrap();
+    assert_eq!(r.status, 400);
+    let r = a
+        .request(
+            "POST",
+            "/api/v1/namespaces/default/events",
+            &pb,
+            &body(None, 1),
+        )
+        .unwrap();
+    assert_eq!(r.status, 400, "a Lease body for events");
+    let r = a
+        .request(
+            "POST",
+            "/api/v1/namespaces/default/services",
+            &pb,
+            &body(None, 1),
+        )
+        .unwrap();
+    assert_eq!(r.status, 415);
+}

@@ -658,12 +658,13 @@ fn offline_node_writes_are_queued_and_replayed_in_order() {
         &serde_json::to_vec(&event).unwrap(),
     );
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    // kubelet renews its lease in protobuf, as its typed client does.
     lease["spec"]["renewTime"] = "2026-06-01T00:00:00.000000Z".into();
     let r = send(
         "PUT",
         &lease_path,
-        "application/json",
-        &serde_json::to_vec(&lease).unwrap(),
+        "application/vnd.kubernetes.protobuf",
+        &hub_tests::apiserver::protobuf::object("coordination.k8s.io/v1", "Lease", &lease),
     );
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     // Meanwhile the lease changes in the cloud: the replayed renewal will conflict.

@@ -384,8 +384,8 @@ pub async fn resource_request(
         ("list", _) => list(&state, &target, &q, format),
         ("get", _) => get(&state, &target, format),
         ("create", _) => {
-            let body = match read_write_body(req, &["application/json"]).await {
-                Ok((b, _)) => b,
+            let body = match object_body(req, &target).await {
+                Ok(b) => b,
                 Err(e) => return e,
             };
             let resp = create(&state, &target, &body, &q);
@@ -393,8 +393,8 @@ pub async fn resource_request(
             resp
         }
         ("update", _) => {
-            let body = match read_write_body(req, &["application/json"]).await {
-                Ok((b, _)) => b,
+            let body = match object_body(req, &target).await {
+                Ok(b) => b,
                 Err(e) => return e,
             };
             let resp = update(&state, &target, &body);
@@ -427,6 +427,28 @@ pub async fn resource_request(
             "the server does not allow this method on the requested resource",
             None,
         ),
+    }
+}
+
+/// The body of a create or update as JSON: sent as JSON, or as Kubernetes protobuf for
+/// the kinds nodes write that way (`protobuf_in`).
+async fn object_body(req: Request<Incoming>, t: &Target) -> Result<Bytes, Response<Body>> {
+    let r = resources::get(t.resource);
+    let protobuf = super::protobuf_in::supported(r.kind);
+    let allowed: &[&str] = if protobuf {
+        &["application/json", super::protobuf::CONTENT_TYPE]
+    } else {
+        &["application/json"]
+    };
+    let (body, ctype) = read_write_body(req, allowed).await?;
+    if ctype != super::protobuf::CONTENT_TYPE {
+        return Ok(body);
+    }
+    match super::protobuf_in::decode(&r.api_version(), r.kind, &body) {
+        Ok(v) => Ok(Bytes::from(serde_json::to_vec(&v).expect("JSON"))),
+        Err(e) => Err(bad_request(&format!(
+            "the body of the request was in an unknown format: {e}"
+        ))),
     }
 }
 

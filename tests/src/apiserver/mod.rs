@@ -14,6 +14,7 @@ pub mod http;
 pub mod patch;
 pub mod proto;
 pub mod protobuf;
+pub mod protobuf_in;
 pub mod resources;
 pub mod seed;
 pub mod select;

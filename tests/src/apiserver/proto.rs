@@ -1,7 +1,6 @@
-//! Reading Kubernetes protobuf request bodies far enough for the small review objects
-//! kubectl sends that way (with the hub's own envelope and field reader). Full protobuf
-//! encoding of resources is not implemented yet (the stand-in answers JSON, which every
-//! client accepts).
+//! Reading the small review objects kubectl sends in protobuf (SelfSubjectAccessReview),
+//! with the hub's own envelope and field reader. Resources written in protobuf are read
+//! by `protobuf_in`, answers encoded by `protobuf`.
 use hub::kproto::{self, Value as Wire};
 use serde_json::{Value, json};
 

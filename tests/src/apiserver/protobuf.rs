@@ -7,6 +7,7 @@
 //! The stand-in keeps objects as JSON, so encoding maps a declared subset of fields; fields
 //! outside it are not in the protobuf form (the JSON form has everything). Other kinds are
 //! answered in JSON when the client accepts it, as every client that sends protobuf does.
+//! Request bodies in protobuf are read by `protobuf_in`.
 use std::collections::BTreeMap;
 
 use k8s_pb::{
