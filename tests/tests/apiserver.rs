@@ -895,6 +895,60 @@ fn protobuf_pods_decode_with_k8s_pb_like_the_json_form() {
         )
         .unwrap();
     assert_eq!(only_pb.status, 406);
+
+    // A pod with what real workloads carry (volumes, probes, resources, env from fields and
+    // secrets, tolerations, container histories): the real protobuf types read it back.
+    let mut rich = seed::realistic_pod();
+    rich["metadata"]["namespace"] = "default".into();
+    assert_eq!(
+        c.send_json("POST", "/api/v1/namespaces/default/pods", &rich)
+            .status,
+        201
+    );
+    let one = c
+        .request(
+            "GET",
+            "/api/v1/namespaces/default/pods/web-7d4b9c-x2k4p",
+            &pb,
+            &[],
+        )
+        .unwrap();
+    let pod = Pod::decode(hub::kproto::unwrap(&one.body).unwrap().raw).unwrap();
+    let spec = pod.spec.unwrap();
+    let token = spec.volumes[5].volume_source.as_ref().unwrap();
+    let projected = token.projected.as_ref().unwrap();
+    assert_eq!(
+        projected.sources[0]
+            .service_account_token
+            .as_ref()
+            .unwrap()
+            .expiration_seconds,
+        Some(3607)
+    );
+    let web = &spec.containers[0];
+    let limits = &web.resources.as_ref().unwrap().limits;
+    assert_eq!(limits["cpu"].string.as_deref(), Some("500m"));
+    let live = web
+        .liveness_probe
+        .as_ref()
+        .unwrap()
+        .handler
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        live.http_get.as_ref().unwrap().path.as_deref(),
+        Some("/healthz")
+    );
+    let from = web.env[2].value_from.as_ref().unwrap();
+    assert_eq!(
+        from.secret_key_ref.as_ref().unwrap().key.as_deref(),
+        Some("password")
+    );
+    assert_eq!(spec.tolerations[0].toleration_seconds, Some(300));
+    let status = pod.status.unwrap();
+    let last = status.container_statuses[0].last_state.as_ref().unwrap();
+    assert_eq!(last.terminated.as_ref().unwrap().exit_code, Some(137));
+    assert_eq!(status.qos_class.as_deref(), Some("Burstable"));
 }
 
 #[test]

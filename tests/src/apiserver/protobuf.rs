@@ -4,8 +4,13 @@
 //! runtime.Unknown envelope, lists, and length-prefixed watch frames, encoded with the real
 //! k8s-pb types.
 //!
-//! The stand-in keeps objects as JSON, so encoding maps a declared subset of fields; fields
-//! outside it are not in the protobuf form (the JSON form has everything). Other kinds are
+//! The stand-in keeps objects as JSON, so encoding maps a declared set of fields: for pods
+//! what real workloads carry (owners, volumes incl. projected service-account tokens,
+//! probes, resources, env from fields/secrets/configmaps, security contexts, tolerations,
+//! init containers, container states; `seed::realistic_pod` round-trips unchanged), for
+//! the other kinds their common fields. Fields outside it (affinity, topology spread,
+//! ephemeral containers, CSI volumes…) are not in the protobuf form; the JSON form has
+//! everything. Other kinds are
 //! answered in JSON when the client accepts it, as every client that sends protobuf does.
 //! Request bodies in protobuf are read by `protobuf_in`.
 use std::collections::BTreeMap;
@@ -17,7 +22,9 @@ use k8s_pb::{
     },
     apimachinery::pkg::{
         api::resource::Quantity,
-        apis::meta::v1::{ListMeta, MicroTime, ObjectMeta, Status, Time, WatchEvent},
+        apis::meta::v1::{
+            ListMeta, MicroTime, ObjectMeta, OwnerReference, Status, Time, WatchEvent,
+        },
         runtime::{RawExtension, TypeMeta, Unknown},
         util::intstr::IntOrString,
     },
@@ -95,11 +102,243 @@ fn meta(m: &Value) -> ObjectMeta {
         labels: map(&m["labels"]),
         annotations: map(&m["annotations"]),
         finalizers: strings(&m["finalizers"]),
+        owner_references: list_of(&m["ownerReferences"], |o| OwnerReference {
+            api_version: s(&o["apiVersion"]),
+            kind: s(&o["kind"]),
+            name: s(&o["name"]),
+            uid: s(&o["uid"]),
+            controller: o["controller"].as_bool(),
+            block_owner_deletion: o["blockOwnerDeletion"].as_bool(),
+        }),
+        deletion_timestamp: time(&m["deletionTimestamp"]),
+        deletion_grace_period_seconds: m["deletionGracePeriodSeconds"].as_i64(),
+        ..Default::default()
+    }
+}
+
+fn quantities(v: &Value) -> BTreeMap<String, Quantity> {
+    v.as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, q)| (k.clone(), Quantity { string: s(q) }))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn local_ref(v: &Value) -> Option<core::LocalObjectReference> {
+    v.is_object().then(|| core::LocalObjectReference {
+        name: s(&v["name"]),
+    })
+}
+
+fn key_to_path(v: &Value) -> core::KeyToPath {
+    core::KeyToPath {
+        key: s(&v["key"]),
+        path: s(&v["path"]),
+        mode: int(&v["mode"]),
+    }
+}
+
+fn field_selector(v: &Value) -> Option<core::ObjectFieldSelector> {
+    v.is_object().then(|| core::ObjectFieldSelector {
+        api_version: s(&v["apiVersion"]),
+        field_path: s(&v["fieldPath"]),
+    })
+}
+
+fn env_var(v: &Value) -> core::EnvVar {
+    let from = &v["valueFrom"];
+    core::EnvVar {
+        name: s(&v["name"]),
+        value: s(&v["value"]),
+        value_from: from.is_object().then(|| core::EnvVarSource {
+            field_ref: field_selector(&from["fieldRef"]),
+            config_map_key_ref: from["configMapKeyRef"].is_object().then(|| {
+                core::ConfigMapKeySelector {
+                    local_object_reference: local_ref(&from["configMapKeyRef"]),
+                    key: s(&from["configMapKeyRef"]["key"]),
+                    optional: from["configMapKeyRef"]["optional"].as_bool(),
+                }
+            }),
+            secret_key_ref: from["secretKeyRef"]
+                .is_object()
+                .then(|| core::SecretKeySelector {
+                    local_object_reference: local_ref(&from["secretKeyRef"]),
+                    key: s(&from["secretKeyRef"]["key"]),
+                    optional: from["secretKeyRef"]["optional"].as_bool(),
+                }),
+            ..Default::default()
+        }),
+    }
+}
+
+fn probe(v: &Value) -> Option<core::Probe> {
+    let action = |a: &Value| {
+        let (exec, http, tcp) = (&a["exec"], &a["httpGet"], &a["tcpSocket"]);
+        core::ProbeHandler {
+            exec: exec.is_object().then(|| core::ExecAction {
+                command: strings(&exec["command"]),
+            }),
+            http_get: http.is_object().then(|| core::HttpGetAction {
+                path: s(&http["path"]),
+                port: int_or_string(&http["port"]),
+                host: s(&http["host"]),
+                scheme: s(&http["scheme"]),
+                ..Default::default()
+            }),
+            tcp_socket: tcp.is_object().then(|| core::TcpSocketAction {
+                port: int_or_string(&tcp["port"]),
+                host: s(&tcp["host"]),
+            }),
+            ..Default::default()
+        }
+    };
+    v.is_object().then(|| core::Probe {
+        handler: Some(action(v)),
+        initial_delay_seconds: int(&v["initialDelaySeconds"]),
+        timeout_seconds: int(&v["timeoutSeconds"]),
+        period_seconds: int(&v["periodSeconds"]),
+        success_threshold: int(&v["successThreshold"]),
+        failure_threshold: int(&v["failureThreshold"]),
+        ..Default::default()
+    })
+}
+
+fn volume(v: &Value) -> core::Volume {
+    let (cm, secret, empty, host, pvc, projected, downward) = (
+        &v["configMap"],
+        &v["secret"],
+        &v["emptyDir"],
+        &v["hostPath"],
+        &v["persistentVolumeClaim"],
+        &v["projected"],
+        &v["downwardAPI"],
+    );
+    let downward_files = |d: &Value| {
+        list_of(&d["items"], |f| core::DownwardAPIVolumeFile {
+            path: s(&f["path"]),
+            field_ref: field_selector(&f["fieldRef"]),
+            mode: int(&f["mode"]),
+            ..Default::default()
+        })
+    };
+    let source = core::VolumeSource {
+        config_map: cm.is_object().then(|| core::ConfigMapVolumeSource {
+            local_object_reference: local_ref(cm),
+            items: list_of(&cm["items"], key_to_path),
+            default_mode: int(&cm["defaultMode"]),
+            optional: cm["optional"].as_bool(),
+        }),
+        secret: secret.is_object().then(|| core::SecretVolumeSource {
+            secret_name: s(&secret["secretName"]),
+            items: list_of(&secret["items"], key_to_path),
+            default_mode: int(&secret["defaultMode"]),
+            optional: secret["optional"].as_bool(),
+        }),
+        empty_dir: empty.is_object().then(|| core::EmptyDirVolumeSource {
+            medium: s(&empty["medium"]),
+            size_limit: empty["sizeLimit"].as_str().map(|q| Quantity {
+                string: Some(q.into()),
+            }),
+        }),
+        host_path: host.is_object().then(|| core::HostPathVolumeSource {
+            path: s(&host["path"]),
+            r#type: s(&host["type"]),
+        }),
+        persistent_volume_claim: pvc
+            .is_object()
+            .then(|| core::PersistentVolumeClaimVolumeSource {
+                claim_name: s(&pvc["claimName"]),
+                read_only: pvc["readOnly"].as_bool(),
+            }),
+        downward_api: downward.is_object().then(|| core::DownwardAPIVolumeSource {
+            items: downward_files(downward),
+            default_mode: int(&downward["defaultMode"]),
+        }),
+        projected: projected.is_object().then(|| core::ProjectedVolumeSource {
+            sources: list_of(&projected["sources"], |p| {
+                let (token, cm, secret, down) = (
+                    &p["serviceAccountToken"],
+                    &p["configMap"],
+                    &p["secret"],
+                    &p["downwardAPI"],
+                );
+                core::VolumeProjection {
+                    service_account_token: token.is_object().then(|| {
+                        core::ServiceAccountTokenProjection {
+                            audience: s(&token["audience"]),
+                            expiration_seconds: token["expirationSeconds"].as_i64(),
+                            path: s(&token["path"]),
+                        }
+                    }),
+                    config_map: cm.is_object().then(|| core::ConfigMapProjection {
+                        local_object_reference: local_ref(cm),
+                        items: list_of(&cm["items"], key_to_path),
+                        optional: cm["optional"].as_bool(),
+                    }),
+                    secret: secret.is_object().then(|| core::SecretProjection {
+                        local_object_reference: local_ref(secret),
+                        items: list_of(&secret["items"], key_to_path),
+                        optional: secret["optional"].as_bool(),
+                    }),
+                    downward_api: down.is_object().then(|| core::DownwardAPIProjection {
+                        items: downward_files(down),
+                    }),
+                    ..Default::default()
+                }
+            }),
+            default_mode: int(&projected["defaultMode"]),
+        }),
+        ..Default::default()
+    };
+    core::Volume {
+        name: s(&v["name"]),
+        volume_source: Some(source),
+    }
+}
+
+fn container_state(v: &Value) -> Option<core::ContainerState> {
+    let (running, waiting, terminated) = (&v["running"], &v["waiting"], &v["terminated"]);
+    v.is_object().then(|| core::ContainerState {
+        running: running.is_object().then(|| core::ContainerStateRunning {
+            started_at: time(&running["startedAt"]),
+        }),
+        waiting: waiting.is_object().then(|| core::ContainerStateWaiting {
+            reason: s(&waiting["reason"]),
+            message: s(&waiting["message"]),
+        }),
+        terminated: terminated
+            .is_object()
+            .then(|| core::ContainerStateTerminated {
+                exit_code: int(&terminated["exitCode"]),
+                signal: int(&terminated["signal"]),
+                reason: s(&terminated["reason"]),
+                message: s(&terminated["message"]),
+                started_at: time(&terminated["startedAt"]),
+                finished_at: time(&terminated["finishedAt"]),
+                container_id: s(&terminated["containerID"]),
+            }),
+    })
+}
+
+fn container_status(v: &Value) -> core::ContainerStatus {
+    core::ContainerStatus {
+        name: s(&v["name"]),
+        image: s(&v["image"]),
+        image_id: s(&v["imageID"]),
+        container_id: s(&v["containerID"]),
+        ready: v["ready"].as_bool(),
+        started: v["started"].as_bool(),
+        restart_count: int(&v["restartCount"]),
+        state: container_state(&v["state"]),
+        last_state: container_state(&v["lastState"]),
         ..Default::default()
     }
 }
 
 fn container(c: &Value) -> core::Container {
+    let (resources, security) = (&c["resources"], &c["securityContext"]);
     core::Container {
         name: s(&c["name"]),
         image: s(&c["image"]),
@@ -107,18 +346,35 @@ fn container(c: &Value) -> core::Container {
         args: strings(&c["args"]),
         working_dir: s(&c["workingDir"]),
         image_pull_policy: s(&c["imagePullPolicy"]),
-        env: c["env"]
-            .as_array()
-            .map(|e| {
-                e.iter()
-                    .map(|v| core::EnvVar {
-                        name: s(&v["name"]),
-                        value: s(&v["value"]),
-                        value_from: None,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
+        env: list_of(&c["env"], env_var),
+        resources: resources.is_object().then(|| core::ResourceRequirements {
+            limits: quantities(&resources["limits"]),
+            requests: quantities(&resources["requests"]),
+            ..Default::default()
+        }),
+        volume_mounts: list_of(&c["volumeMounts"], |m| core::VolumeMount {
+            name: s(&m["name"]),
+            read_only: m["readOnly"].as_bool(),
+            mount_path: s(&m["mountPath"]),
+            sub_path: s(&m["subPath"]),
+            ..Default::default()
+        }),
+        liveness_probe: probe(&c["livenessProbe"]),
+        readiness_probe: probe(&c["readinessProbe"]),
+        startup_probe: probe(&c["startupProbe"]),
+        termination_message_path: s(&c["terminationMessagePath"]),
+        termination_message_policy: s(&c["terminationMessagePolicy"]),
+        security_context: security.is_object().then(|| core::SecurityContext {
+            privileged: security["privileged"].as_bool(),
+            run_as_user: security["runAsUser"].as_i64(),
+            run_as_group: security["runAsGroup"].as_i64(),
+            run_as_non_root: security["runAsNonRoot"].as_bool(),
+            read_only_root_filesystem: security["readOnlyRootFilesystem"].as_bool(),
+            allow_privilege_escalation: security["allowPrivilegeEscalation"].as_bool(),
+            ..Default::default()
+        }),
+        stdin: c["stdin"].as_bool(),
+        tty: c["tty"].as_bool(),
         ports: c["ports"]
             .as_array()
             .map(|p| {
@@ -142,16 +398,42 @@ fn pod(o: &Value) -> core::Pod {
     core::Pod {
         metadata: Some(meta(&o["metadata"])),
         spec: Some(core::PodSpec {
-            containers: spec["containers"]
-                .as_array()
-                .map(|c| c.iter().map(container).collect())
-                .unwrap_or_default(),
+            volumes: list_of(&spec["volumes"], volume),
+            init_containers: list_of(&spec["initContainers"], container),
+            containers: list_of(&spec["containers"], container),
             node_name: s(&spec["nodeName"]),
             restart_policy: s(&spec["restartPolicy"]),
+            termination_grace_period_seconds: spec["terminationGracePeriodSeconds"].as_i64(),
+            dns_policy: s(&spec["dnsPolicy"]),
             service_account_name: s(&spec["serviceAccountName"]),
+            service_account: s(&spec["serviceAccount"]),
+            automount_service_account_token: spec["automountServiceAccountToken"].as_bool(),
             scheduler_name: s(&spec["schedulerName"]),
             host_network: spec["hostNetwork"].as_bool(),
+            host_pid: spec["hostPID"].as_bool(),
+            host_ipc: spec["hostIPC"].as_bool(),
             node_selector: map(&spec["nodeSelector"]),
+            security_context: spec["securityContext"].is_object().then(|| {
+                let sc = &spec["securityContext"];
+                core::PodSecurityContext {
+                    run_as_user: sc["runAsUser"].as_i64(),
+                    run_as_group: sc["runAsGroup"].as_i64(),
+                    run_as_non_root: sc["runAsNonRoot"].as_bool(),
+                    fs_group: sc["fsGroup"].as_i64(),
+                    ..Default::default()
+                }
+            }),
+            tolerations: list_of(&spec["tolerations"], |t| core::Toleration {
+                key: s(&t["key"]),
+                operator: s(&t["operator"]),
+                value: s(&t["value"]),
+                effect: s(&t["effect"]),
+                toleration_seconds: t["tolerationSeconds"].as_i64(),
+            }),
+            priority_class_name: s(&spec["priorityClassName"]),
+            priority: int(&spec["priority"]),
+            enable_service_links: spec["enableServiceLinks"].as_bool(),
+            preemption_policy: s(&spec["preemptionPolicy"]),
             ..Default::default()
         }),
         status: Some(core::PodStatus {
@@ -168,35 +450,20 @@ fn pod(o: &Value) -> core::Pod {
                             status: s(&v["status"]),
                             reason: s(&v["reason"]),
                             message: s(&v["message"]),
+                            last_probe_time: time(&v["lastProbeTime"]),
+                            last_transition_time: time(&v["lastTransitionTime"]),
                             ..Default::default()
                         })
                         .collect()
                 })
                 .unwrap_or_default(),
-            container_statuses: status["containerStatuses"]
-                .as_array()
-                .map(|c| {
-                    c.iter()
-                        .map(|v| core::ContainerStatus {
-                            name: s(&v["name"]),
-                            image: s(&v["image"]),
-                            image_id: s(&v["imageID"]),
-                            ready: v["ready"].as_bool(),
-                            started: v["started"].as_bool(),
-                            restart_count: int(&v["restartCount"]),
-                            state: v["state"]["running"].is_object().then(|| {
-                                core::ContainerState {
-                                    running: Some(core::ContainerStateRunning {
-                                        started_at: time(&v["state"]["running"]["startedAt"]),
-                                    }),
-                                    ..Default::default()
-                                }
-                            }),
-                            ..Default::default()
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
+            container_statuses: list_of(&status["containerStatuses"], container_status),
+            init_container_statuses: list_of(&status["initContainerStatuses"], container_status),
+            host_ips: list_of(&status["hostIPs"], |p| core::HostIp { ip: s(&p["ip"]) }),
+            pod_ips: list_of(&status["podIPs"], |p| core::PodIp { ip: s(&p["ip"]) }),
+            qos_class: s(&status["qosClass"]),
+            message: s(&status["message"]),
+            reason: s(&status["reason"]),
             ..Default::default()
         }),
     }
@@ -236,15 +503,6 @@ fn micro_time(v: &Value) -> Option<MicroTime> {
 
 fn node(o: &Value) -> core::Node {
     let (spec, status) = (&o["spec"], &o["status"]);
-    let quantities = |v: &Value| {
-        v.as_object()
-            .map(|m| {
-                m.iter()
-                    .map(|(k, q)| (k.clone(), Quantity { string: s(q) }))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     let info = &status["nodeInfo"];
     core::Node {
         metadata: Some(meta(&o["metadata"])),

@@ -7,8 +7,10 @@ use base64::Engine;
 use k8s_pb::{
     api::{certificates::v1 as certificates, coordination::v1 as coordination, core::v1 as core},
     apimachinery::pkg::{
+        api::resource::Quantity,
         apis::meta::v1::{MicroTime, ObjectMeta, Time},
         runtime::Unknown,
+        util::intstr::IntOrString,
     },
 };
 use prost::Message;
@@ -69,6 +71,262 @@ fn meta(m: &Option<ObjectMeta>) -> Value {
     put(&mut o, "labels", json!(m.labels));
     put(&mut o, "annotations", json!(m.annotations));
     put(&mut o, "finalizers", strings(&m.finalizers));
+    let owners: Vec<Value> = m
+        .owner_references
+        .iter()
+        .map(|r| {
+            let mut o = Map::new();
+            put(&mut o, "apiVersion", text(&r.api_version));
+            put(&mut o, "kind", text(&r.kind));
+            put(&mut o, "name", text(&r.name));
+            put(&mut o, "uid", text(&r.uid));
+            put(&mut o, "controller", flag(r.controller));
+            put(&mut o, "blockOwnerDeletion", flag(r.block_owner_deletion));
+            Value::Object(o)
+        })
+        .collect();
+    put(&mut o, "ownerReferences", json!(owners));
+    put(&mut o, "creationTimestamp", time(&m.creation_timestamp));
+    put(&mut o, "deletionTimestamp", time(&m.deletion_timestamp));
+    put(
+        &mut o,
+        "deletionGracePeriodSeconds",
+        num(m.deletion_grace_period_seconds),
+    );
+    Value::Object(o)
+}
+
+fn num<T: Into<Value>>(v: Option<T>) -> Option<Value> {
+    v.map(Into::into)
+}
+
+fn flag(v: Option<bool>) -> Option<Value> {
+    v.map(|b| json!(b))
+}
+
+fn quantities(q: &std::collections::BTreeMap<String, Quantity>) -> Value {
+    let m: Map<String, Value> = q
+        .iter()
+        .filter_map(|(k, v)| Some((k.clone(), json!(v.string.clone()?))))
+        .collect();
+    Value::Object(m)
+}
+
+fn int_or_string(v: &Option<IntOrString>) -> Option<Value> {
+    let v = v.as_ref()?;
+    Some(match v.r#type {
+        Some(1) => json!(v.str_val.clone().unwrap_or_default()),
+        _ => json!(v.int_val.unwrap_or_default()),
+    })
+}
+
+fn named(r: &Option<core::LocalObjectReference>, o: &mut Map<String, Value>) {
+    if let Some(r) = r {
+        put(o, "name", text(&r.name));
+    }
+}
+
+fn key_to_paths(items: &[core::KeyToPath]) -> Value {
+    let items: Vec<Value> = items
+        .iter()
+        .map(|k| {
+            let mut o = Map::new();
+            put(&mut o, "key", text(&k.key));
+            put(&mut o, "path", text(&k.path));
+            put(&mut o, "mode", num(k.mode));
+            Value::Object(o)
+        })
+        .collect();
+    json!(items)
+}
+
+fn field_selector(f: &Option<core::ObjectFieldSelector>) -> Option<Value> {
+    let f = f.as_ref()?;
+    let mut o = Map::new();
+    put(&mut o, "apiVersion", text(&f.api_version));
+    put(&mut o, "fieldPath", text(&f.field_path));
+    Some(Value::Object(o))
+}
+
+fn downward_files(files: &[core::DownwardAPIVolumeFile]) -> Value {
+    let items: Vec<Value> = files
+        .iter()
+        .map(|f| {
+            let mut o = Map::new();
+            put(&mut o, "path", text(&f.path));
+            put(&mut o, "fieldRef", field_selector(&f.field_ref));
+            put(&mut o, "mode", num(f.mode));
+            Value::Object(o)
+        })
+        .collect();
+    json!(items)
+}
+
+fn local_source(
+    r: &Option<core::LocalObjectReference>,
+    items: &[core::KeyToPath],
+    optional: Option<bool>,
+) -> Map<String, Value> {
+    let mut m = Map::new();
+    named(r, &mut m);
+    put(&mut m, "items", key_to_paths(items));
+    put(&mut m, "optional", flag(optional));
+    m
+}
+
+fn volume(v: &core::Volume) -> Value {
+    let mut o = Map::new();
+    put(&mut o, "name", text(&v.name));
+    let Some(src) = &v.volume_source else {
+        return Value::Object(o);
+    };
+    if let Some(c) = &src.config_map {
+        let mut m = local_source(&c.local_object_reference, &c.items, c.optional);
+        put(&mut m, "defaultMode", num(c.default_mode));
+        o.insert("configMap".into(), Value::Object(m));
+    }
+    if let Some(c) = &src.secret {
+        let mut m = Map::new();
+        put(&mut m, "secretName", text(&c.secret_name));
+        put(&mut m, "items", key_to_paths(&c.items));
+        put(&mut m, "defaultMode", num(c.default_mode));
+        put(&mut m, "optional", flag(c.optional));
+        o.insert("secret".into(), Value::Object(m));
+    }
+    if let Some(e) = &src.empty_dir {
+        let mut m = Map::new();
+        put(&mut m, "medium", text(&e.medium));
+        let limit = e.size_limit.as_ref().and_then(|q| q.string.clone());
+        put(&mut m, "sizeLimit", limit.map(|q| json!(q)));
+        o.insert("emptyDir".into(), Value::Object(m));
+    }
+    if let Some(h) = &src.host_path {
+        let mut m = Map::new();
+        put(&mut m, "path", text(&h.path));
+        put(&mut m, "type", text(&h.r#type));
+        o.insert("hostPath".into(), Value::Object(m));
+    }
+    if let Some(c) = &src.persistent_volume_claim {
+        let mut m = Map::new();
+        put(&mut m, "claimName", text(&c.claim_name));
+        put(&mut m, "readOnly", flag(c.read_only));
+        o.insert("persistentVolumeClaim".into(), Value::Object(m));
+    }
+    if let Some(d) = &src.downward_api {
+        let mut m = Map::new();
+        put(&mut m, "items", downward_files(&d.items));
+        put(&mut m, "defaultMode", num(d.default_mode));
+        o.insert("downwardAPI".into(), Value::Object(m));
+    }
+    if let Some(p) = &src.projected {
+        let sources: Vec<Value> = p
+            .sources
+            .iter()
+            .map(|s| {
+                let mut m = Map::new();
+                if let Some(t) = &s.service_account_token {
+                    let mut t2 = Map::new();
+                    put(&mut t2, "audience", text(&t.audience));
+                    put(&mut t2, "expirationSeconds", num(t.expiration_seconds));
+                    put(&mut t2, "path", text(&t.path));
+                    m.insert("serviceAccountToken".into(), Value::Object(t2));
+                }
+                if let Some(c) = &s.config_map {
+                    let c2 = local_source(&c.local_object_reference, &c.items, c.optional);
+                    m.insert("configMap".into(), Value::Object(c2));
+                }
+                if let Some(c) = &s.secret {
+                    let c2 = local_source(&c.local_object_reference, &c.items, c.optional);
+                    m.insert("secret".into(), Value::Object(c2));
+                }
+                if let Some(d) = &s.downward_api {
+                    m.insert(
+                        "downwardAPI".into(),
+                        json!({"items": downward_files(&d.items)}),
+                    );
+                }
+                Value::Object(m)
+            })
+            .collect();
+        let mut m = Map::new();
+        put(&mut m, "sources", json!(sources));
+        put(&mut m, "defaultMode", num(p.default_mode));
+        o.insert("projected".into(), Value::Object(m));
+    }
+    Value::Object(o)
+}
+
+fn probe(p: &Option<core::Probe>) -> Option<Value> {
+    let p = p.as_ref()?;
+    let mut o = Map::new();
+    if let Some(h) = &p.handler {
+        if let Some(e) = &h.exec {
+            o.insert("exec".into(), json!({"command": e.command}));
+        }
+        if let Some(g) = &h.http_get {
+            let mut m = Map::new();
+            put(&mut m, "path", text(&g.path));
+            put(&mut m, "port", int_or_string(&g.port));
+            put(&mut m, "host", text(&g.host));
+            put(&mut m, "scheme", text(&g.scheme));
+            o.insert("httpGet".into(), Value::Object(m));
+        }
+        if let Some(t) = &h.tcp_socket {
+            let mut m = Map::new();
+            put(&mut m, "port", int_or_string(&t.port));
+            put(&mut m, "host", text(&t.host));
+            o.insert("tcpSocket".into(), Value::Object(m));
+        }
+    }
+    put(&mut o, "initialDelaySeconds", num(p.initial_delay_seconds));
+    put(&mut o, "timeoutSeconds", num(p.timeout_seconds));
+    put(&mut o, "periodSeconds", num(p.period_seconds));
+    put(&mut o, "successThreshold", num(p.success_threshold));
+    put(&mut o, "failureThreshold", num(p.failure_threshold));
+    Some(Value::Object(o))
+}
+
+fn container_state(s: &Option<core::ContainerState>) -> Option<Value> {
+    let s = s.as_ref()?;
+    let mut o = Map::new();
+    if let Some(r) = &s.running {
+        o.insert("running".into(), json!({"startedAt": time(&r.started_at)}));
+    }
+    if let Some(w) = &s.waiting {
+        let mut m = Map::new();
+        put(&mut m, "reason", text(&w.reason));
+        put(&mut m, "message", text(&w.message));
+        o.insert("waiting".into(), Value::Object(m));
+    }
+    if let Some(t) = &s.terminated {
+        let mut m = Map::new();
+        put(&mut m, "exitCode", num(t.exit_code));
+        put(&mut m, "signal", num(t.signal));
+        put(&mut m, "reason", text(&t.reason));
+        put(&mut m, "message", text(&t.message));
+        put(&mut m, "startedAt", time(&t.started_at));
+        put(&mut m, "finishedAt", time(&t.finished_at));
+        put(&mut m, "containerID", text(&t.container_id));
+        o.insert("terminated".into(), Value::Object(m));
+    }
+    Some(Value::Object(o))
+}
+
+fn container_status(c: &core::ContainerStatus) -> Value {
+    let mut o = Map::new();
+    put(&mut o, "name", text(&c.name));
+    put(&mut o, "image", text(&c.image));
+    put(&mut o, "imageID", text(&c.image_id));
+    put(&mut o, "containerID", text(&c.container_id));
+    put(&mut o, "ready", flag(c.ready));
+    put(&mut o, "started", flag(c.started));
+    put(&mut o, "restartCount", num(c.restart_count));
+    if let Some(s) = container_state(&c.state) {
+        o.insert("state".into(), s);
+    }
+    if let Some(s) = container_state(&c.last_state) {
+        o.insert("lastState".into(), s);
+    }
     Value::Object(o)
 }
 
@@ -154,16 +412,6 @@ fn node(n: core::Node) -> Value {
     }
     let mut status = Map::new();
     if let Some(s) = &n.status {
-        let quantities = |q: &std::collections::BTreeMap<
-            String,
-            k8s_pb::apimachinery::pkg::api::resource::Quantity,
-        >| {
-            let m: Map<String, Value> = q
-                .iter()
-                .filter_map(|(k, v)| Some((k.clone(), json!(v.string.clone()?))))
-                .collect();
-            Value::Object(m)
-        };
         put(&mut status, "capacity", quantities(&s.capacity));
         put(&mut status, "allocatable", quantities(&s.allocatable));
         let conditions: Vec<Value> = s
@@ -220,6 +468,33 @@ fn container(c: &core::Container) -> Value {
             let mut o = Map::new();
             put(&mut o, "name", text(&e.name));
             put(&mut o, "value", text(&e.value));
+            if let Some(f) = &e.value_from {
+                let mut m = Map::new();
+                put(&mut m, "fieldRef", field_selector(&f.field_ref));
+                for (name, k) in [
+                    (
+                        "configMapKeyRef",
+                        f.config_map_key_ref
+                            .as_ref()
+                            .map(|k| (&k.local_object_reference, &k.key, k.optional)),
+                    ),
+                    (
+                        "secretKeyRef",
+                        f.secret_key_ref
+                            .as_ref()
+                            .map(|k| (&k.local_object_reference, &k.key, k.optional)),
+                    ),
+                ] {
+                    if let Some((r, key, optional)) = k {
+                        let mut sel = Map::new();
+                        named(r, &mut sel);
+                        put(&mut sel, "key", text(key));
+                        put(&mut sel, "optional", flag(optional));
+                        m.insert(name.into(), Value::Object(sel));
+                    }
+                }
+                o.insert("valueFrom".into(), Value::Object(m));
+            }
             Value::Object(o)
         })
         .collect();
@@ -236,30 +511,149 @@ fn container(c: &core::Container) -> Value {
         })
         .collect();
     put(&mut o, "ports", json!(ports));
+    if let Some(r) = &c.resources {
+        let mut m = Map::new();
+        put(&mut m, "limits", quantities(&r.limits));
+        put(&mut m, "requests", quantities(&r.requests));
+        o.insert("resources".into(), Value::Object(m));
+    }
+    let mounts: Vec<Value> = c
+        .volume_mounts
+        .iter()
+        .map(|m| {
+            let mut o = Map::new();
+            put(&mut o, "name", text(&m.name));
+            put(&mut o, "readOnly", flag(m.read_only));
+            put(&mut o, "mountPath", text(&m.mount_path));
+            put(&mut o, "subPath", text(&m.sub_path));
+            Value::Object(o)
+        })
+        .collect();
+    put(&mut o, "volumeMounts", json!(mounts));
+    put(&mut o, "livenessProbe", probe(&c.liveness_probe));
+    put(&mut o, "readinessProbe", probe(&c.readiness_probe));
+    put(&mut o, "startupProbe", probe(&c.startup_probe));
+    put(
+        &mut o,
+        "terminationMessagePath",
+        text(&c.termination_message_path),
+    );
+    put(
+        &mut o,
+        "terminationMessagePolicy",
+        text(&c.termination_message_policy),
+    );
+    if let Some(sc) = &c.security_context {
+        let mut m = Map::new();
+        put(&mut m, "privileged", flag(sc.privileged));
+        put(&mut m, "runAsUser", num(sc.run_as_user));
+        put(&mut m, "runAsGroup", num(sc.run_as_group));
+        put(&mut m, "runAsNonRoot", flag(sc.run_as_non_root));
+        put(
+            &mut m,
+            "readOnlyRootFilesystem",
+            flag(sc.read_only_root_filesystem),
+        );
+        put(
+            &mut m,
+            "allowPrivilegeEscalation",
+            flag(sc.allow_privilege_escalation),
+        );
+        o.insert("securityContext".into(), Value::Object(m));
+    }
+    put(&mut o, "stdin", flag(c.stdin));
+    put(&mut o, "tty", flag(c.tty));
     Value::Object(o)
 }
 
 fn pod(p: core::Pod) -> Value {
     let mut spec = Map::new();
     if let Some(s) = &p.spec {
+        let volumes: Vec<Value> = s.volumes.iter().map(volume).collect();
+        put(&mut spec, "volumes", json!(volumes));
+        let init: Vec<Value> = s.init_containers.iter().map(container).collect();
+        put(&mut spec, "initContainers", json!(init));
         let containers: Vec<Value> = s.containers.iter().map(container).collect();
         put(&mut spec, "containers", json!(containers));
         put(&mut spec, "nodeName", text(&s.node_name));
         put(&mut spec, "restartPolicy", text(&s.restart_policy));
         put(
             &mut spec,
+            "terminationGracePeriodSeconds",
+            num(s.termination_grace_period_seconds),
+        );
+        put(&mut spec, "dnsPolicy", text(&s.dns_policy));
+        put(
+            &mut spec,
             "serviceAccountName",
             text(&s.service_account_name),
         );
+        put(&mut spec, "serviceAccount", text(&s.service_account));
+        put(
+            &mut spec,
+            "automountServiceAccountToken",
+            flag(s.automount_service_account_token),
+        );
         put(&mut spec, "schedulerName", text(&s.scheduler_name));
-        put(&mut spec, "hostNetwork", s.host_network.map(|v| json!(v)));
+        put(&mut spec, "hostNetwork", flag(s.host_network));
+        put(&mut spec, "hostPID", flag(s.host_pid));
+        put(&mut spec, "hostIPC", flag(s.host_ipc));
         put(&mut spec, "nodeSelector", json!(s.node_selector));
+        if let Some(sc) = &s.security_context {
+            let mut m = Map::new();
+            put(&mut m, "runAsUser", num(sc.run_as_user));
+            put(&mut m, "runAsGroup", num(sc.run_as_group));
+            put(&mut m, "runAsNonRoot", flag(sc.run_as_non_root));
+            put(&mut m, "fsGroup", num(sc.fs_group));
+            spec.insert("securityContext".into(), Value::Object(m));
+        }
+        let tolerations: Vec<Value> = s
+            .tolerations
+            .iter()
+            .map(|t| {
+                let mut o = Map::new();
+                put(&mut o, "key", text(&t.key));
+                put(&mut o, "operator", text(&t.operator));
+                put(&mut o, "value", text(&t.value));
+                put(&mut o, "effect", text(&t.effect));
+                put(&mut o, "tolerationSeconds", num(t.toleration_seconds));
+                Value::Object(o)
+            })
+            .collect();
+        put(&mut spec, "tolerations", json!(tolerations));
+        put(&mut spec, "priorityClassName", text(&s.priority_class_name));
+        put(&mut spec, "priority", num(s.priority));
+        put(
+            &mut spec,
+            "enableServiceLinks",
+            flag(s.enable_service_links),
+        );
+        put(&mut spec, "preemptionPolicy", text(&s.preemption_policy));
     }
     let mut status = Map::new();
     if let Some(s) = &p.status {
         put(&mut status, "phase", text(&s.phase));
+        put(&mut status, "message", text(&s.message));
+        put(&mut status, "reason", text(&s.reason));
         put(&mut status, "hostIP", text(&s.host_ip));
         put(&mut status, "podIP", text(&s.pod_ip));
+        let ips = |ips: Vec<&Option<String>>| {
+            json!(
+                ips.into_iter()
+                    .map(|ip| json!({"ip": ip}))
+                    .collect::<Vec<_>>()
+            )
+        };
+        put(
+            &mut status,
+            "hostIPs",
+            ips(s.host_ips.iter().map(|i| &i.ip).collect()),
+        );
+        put(
+            &mut status,
+            "podIPs",
+            ips(s.pod_ips.iter().map(|i| &i.ip).collect()),
+        );
         put(&mut status, "startTime", time(&s.start_time));
         let conditions: Vec<Value> = s
             .conditions
@@ -270,10 +664,21 @@ fn pod(p: core::Pod) -> Value {
                 put(&mut o, "status", text(&c.status));
                 put(&mut o, "reason", text(&c.reason));
                 put(&mut o, "message", text(&c.message));
+                put(&mut o, "lastProbeTime", time(&c.last_probe_time));
+                put(&mut o, "lastTransitionTime", time(&c.last_transition_time));
                 Value::Object(o)
             })
             .collect();
         put(&mut status, "conditions", json!(conditions));
+        let statuses: Vec<Value> = s.container_statuses.iter().map(container_status).collect();
+        put(&mut status, "containerStatuses", json!(statuses));
+        let init: Vec<Value> = s
+            .init_container_statuses
+            .iter()
+            .map(container_status)
+            .collect();
+        put(&mut status, "initContainerStatuses", json!(init));
+        put(&mut status, "qosClass", text(&s.qos_class));
     }
     json!({"metadata": meta(&p.metadata), "spec": spec, "status": status})
 }
@@ -343,6 +748,17 @@ pub fn decode(api_version: &str, kind: &str, body: &[u8]) -> Result<Value, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_realistic_pod_round_trips_through_protobuf_unchanged() {
+        let pod = super::super::seed::realistic_pod();
+        let body = super::super::protobuf::object("v1", "Pod", &pod);
+        let back = decode("v1", "Pod", &body).unwrap();
+        assert_eq!(
+            back, pod,
+            "every field of the pod survives JSON -> protobuf -> JSON"
+        );
+    }
 
     #[test]
     fn a_lease_round_trips_through_protobuf() {

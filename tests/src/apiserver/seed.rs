@@ -165,3 +165,68 @@ pub fn cluster(store: &Store, nodes: usize, pods_per_node: usize) {
         }
     }
 }
+
+/// A pod as kube-apiserver returns one for a Deployment's replica: owner, projected
+/// service-account volume, probes, resources, env from fields and secrets, tolerations.
+pub fn realistic_pod() -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-7d4b9c-x2k4p", "generateName": "web-7d4b9c-", "namespace": "shop",
+            "uid": "0b7e", "resourceVersion": "4711", "creationTimestamp": "2026-11-30T10:00:00Z",
+            "labels": {"app": "web", "pod-template-hash": "7d4b9c"},
+            "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-11-30T09:59:00Z"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d4b9c",
+                "uid": "9a1c", "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {
+            "volumes": [
+                {"name": "data", "persistentVolumeClaim": {"claimName": "web-data"}},
+                {"name": "cache", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+                {"name": "conf", "configMap": {"name": "web-conf", "defaultMode": 420,
+                    "items": [{"key": "nginx.conf", "path": "nginx.conf"}]}},
+                {"name": "tls", "secret": {"secretName": "web-tls", "defaultMode": 256, "optional": true}},
+                {"name": "logs", "hostPath": {"path": "/var/log/web", "type": "DirectoryOrCreate"}},
+                {"name": "kube-api-access-abcde", "projected": {"defaultMode": 420, "sources": [
+                    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                    {"downwardAPI": {"items": [{"path": "namespace",
+                        "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}],
+            "initContainers": [{"name": "migrate", "image": "registry.local/web:2", "command": ["/migrate"],
+                "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File"}],
+            "containers": [{"name": "web", "image": "registry.local/web:2", "args": ["--port=8080"],
+                "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+                "env": [{"name": "MODE", "value": "edge"},
+                    {"name": "POD_IP", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}},
+                    {"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}},
+                    {"name": "LEVEL", "valueFrom": {"configMapKeyRef": {"name": "web-conf", "key": "level", "optional": true}}}],
+                "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}, "requests": {"cpu": "100m", "memory": "128Mi"}},
+                "volumeMounts": [{"name": "conf", "mountPath": "/etc/nginx", "readOnly": true},
+                    {"name": "kube-api-access-abcde", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}],
+                "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080, "scheme": "HTTP"},
+                    "initialDelaySeconds": 5, "timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3},
+                "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 5},
+                "startupProbe": {"exec": {"command": ["cat", "/tmp/ready"]}, "failureThreshold": 30},
+                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+                "imagePullPolicy": "IfNotPresent",
+                "securityContext": {"runAsNonRoot": true, "runAsUser": 101, "readOnlyRootFilesystem": true,
+                    "allowPrivilegeEscalation": false}}],
+            "restartPolicy": "Always", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "web", "serviceAccount": "web", "nodeName": "edge-1",
+            "securityContext": {"fsGroup": 101}, "schedulerName": "default-scheduler",
+            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                "tolerationSeconds": 300}],
+            "priority": 0, "enableServiceLinks": true, "preemptionPolicy": "PreemptLowerPriority"},
+        "status": {"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-30T10:00:09Z"}],
+            "hostIP": "169.254.40.2", "hostIPs": [{"ip": "169.254.40.2"}],
+            "podIP": "169.254.50.7", "podIPs": [{"ip": "169.254.50.7"}], "startTime": "2026-11-30T10:00:01Z",
+            "initContainerStatuses": [{"name": "migrate", "image": "registry.local/web:2", "imageID": "registry.local/web@sha256:1",
+                "containerID": "containerd://aa", "ready": true, "restartCount": 0, "started": false,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": "2026-11-30T10:00:02Z",
+                    "finishedAt": "2026-11-30T10:00:04Z", "containerID": "containerd://aa"}}}],
+            "containerStatuses": [{"name": "web", "image": "registry.local/web:2", "imageID": "registry.local/web@sha256:1",
+                "containerID": "containerd://bb", "ready": true, "restartCount": 1, "started": true,
+                "state": {"running": {"startedAt": "2026-11-30T10:00:05Z"}},
+                "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled",
+                    "startedAt": "2026-11-30T10:00:04Z", "finishedAt": "2026-11-30T10:00:05Z"}}}],
+            "qosClass": "Burstable"}})
+}
