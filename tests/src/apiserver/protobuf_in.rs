@@ -96,6 +96,21 @@ fn meta(m: &Option<ObjectMeta>) -> Value {
     Value::Object(o)
 }
 
+/// A node or pod condition: type, status, reason, message, then its times.
+fn condition(words: [&Option<String>; 4], times: [(&str, &Option<Time>); 2]) -> Value {
+    let mut o = Map::new();
+    for (k, v) in ["type", "status", "reason", "message"]
+        .into_iter()
+        .zip(words)
+    {
+        put(&mut o, k, text(v));
+    }
+    for (k, t) in times {
+        put(&mut o, k, time(t));
+    }
+    Value::Object(o)
+}
+
 fn num<T: Into<Value>>(v: Option<T>) -> Option<Value> {
     v.map(Into::into)
 }
@@ -418,14 +433,13 @@ fn node(n: core::Node) -> Value {
             .conditions
             .iter()
             .map(|c| {
-                let mut o = Map::new();
-                put(&mut o, "type", text(&c.r#type));
-                put(&mut o, "status", text(&c.status));
-                put(&mut o, "reason", text(&c.reason));
-                put(&mut o, "message", text(&c.message));
-                put(&mut o, "lastHeartbeatTime", time(&c.last_heartbeat_time));
-                put(&mut o, "lastTransitionTime", time(&c.last_transition_time));
-                Value::Object(o)
+                condition(
+                    [&c.r#type, &c.status, &c.reason, &c.message],
+                    [
+                        ("lastHeartbeatTime", &c.last_heartbeat_time),
+                        ("lastTransitionTime", &c.last_transition_time),
+                    ],
+                )
             })
             .collect();
         put(&mut status, "conditions", json!(conditions));
@@ -659,14 +673,13 @@ fn pod(p: core::Pod) -> Value {
             .conditions
             .iter()
             .map(|c| {
-                let mut o = Map::new();
-                put(&mut o, "type", text(&c.r#type));
-                put(&mut o, "status", text(&c.status));
-                put(&mut o, "reason", text(&c.reason));
-                put(&mut o, "message", text(&c.message));
-                put(&mut o, "lastProbeTime", time(&c.last_probe_time));
-                put(&mut o, "lastTransitionTime", time(&c.last_transition_time));
-                Value::Object(o)
+                condition(
+                    [&c.r#type, &c.status, &c.reason, &c.message],
+                    [
+                        ("lastProbeTime", &c.last_probe_time),
+                        ("lastTransitionTime", &c.last_transition_time),
+                    ],
+                )
             })
             .collect();
         put(&mut status, "conditions", json!(conditions));
