@@ -172,6 +172,10 @@ pub struct CoordinatorConfig {
     /// leave the coordinator this long after they last changed; the node's cache keeps them.
     #[serde(default = "default_get_object_ttl_seconds")]
     pub get_object_ttl_seconds: u64,
+    /// How long the record of a deletion is kept in the coordinator (it stops an older
+    /// write from bringing the object back; no write that old is expected after this).
+    #[serde(default = "default_tombstone_ttl_seconds")]
+    pub tombstone_ttl_seconds: u64,
 }
 
 fn yes() -> bool {
@@ -222,6 +226,9 @@ fn default_node_grace_seconds() -> u64 {
     600
 }
 fn default_get_object_ttl_seconds() -> u64 {
+    3600
+}
+fn default_tombstone_ttl_seconds() -> u64 {
     3600
 }
 fn default_prefix() -> String {
@@ -284,6 +291,7 @@ impl Default for CoordinatorConfig {
             gc_interval_seconds: default_gc_interval_seconds(),
             node_grace_seconds: default_node_grace_seconds(),
             get_object_ttl_seconds: default_get_object_ttl_seconds(),
+            tombstone_ttl_seconds: default_tombstone_ttl_seconds(),
         }
     }
 }
@@ -366,6 +374,7 @@ impl Config {
             ("coordinator.gcIntervalSeconds", c.gc_interval_seconds),
             ("coordinator.nodeGraceSeconds", c.node_grace_seconds),
             ("coordinator.getObjectTtlSeconds", c.get_object_ttl_seconds),
+            ("coordinator.tombstoneTtlSeconds", c.tombstone_ttl_seconds),
         ] {
             if v == 0 {
                 return Err(invalid(field, "must be at least 1 second"));

@@ -186,6 +186,11 @@ impl Collector for PoolCollector {
                 "Departed hubs whose records the leader removed",
                 s.gc.nodes_removed,
             ),
+            (
+                "gc_tombstones_removed",
+                "Deletion records older than the tombstone TTL, removed",
+                s.gc.tombstones_removed,
+            ),
         ] {
             let c = ConstCounter::new(v);
             c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;

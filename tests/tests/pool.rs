@@ -545,7 +545,7 @@ fn what_no_live_hub_holds_leaves_the_coordinator_and_what_one_holds_stays() {
         .map(|n| ca.write_hub_pki(&dir.path().join(n), n, &[]).unwrap())
         .collect();
     let more = format!(
-        "  leaderLeaseSeconds: 2\n  gcIntervalSeconds: 1\n  nodeGraceSeconds: {GRACE}\n  getObjectTtlSeconds: 3\n"
+        "  leaderLeaseSeconds: 2\n  gcIntervalSeconds: 1\n  nodeGraceSeconds: {GRACE}\n  getObjectTtlSeconds: 3\n  tombstoneTtlSeconds: 2\n"
     );
     let mut nodes: Vec<Node> = names
         .iter()
@@ -680,5 +680,40 @@ fn what_no_live_hub_holds_leaves_the_coordinator_and_what_one_holds_stays() {
     assert!(
         gc["removed"].as_u64() >= Some(3) && gc["nodes_removed"] == 1,
         "{gc}"
+    );
+
+    // A pod deleted in the cloud leaves the coordinator at edge-0's next list, with a
+    // tombstone that the sweep drops once it is older than the TTL (2 s here).
+    let pods_id = hub_tests::apiserver::resources::find("", "v1", "pods").unwrap();
+    cloud
+        .state
+        .store
+        .delete(
+            hub_tests::apiserver::store::Key {
+                resource: pods_id,
+                namespace: "default".into(),
+                name: "edge-0-pod-1".into(),
+            },
+            None,
+        )
+        .unwrap();
+    kubelet(0, "/api/v1/pods?fieldSelector=spec.nodeName%3Dedge-0");
+    let companion = "/hub/rv/registry/pods/default/edge-0-pod-1";
+    wait_for(
+        "the deleted pod's tombstone",
+        Duration::from_secs(10),
+        || {
+            let tomb = etcd
+                .etcdctl(&etcd.endpoints(), &["get", companion, "--print-value-only"])
+                .unwrap_or_default();
+            (etcd_keys(&etcd, "/registry/pods/default/edge-0-pod-1").is_empty()
+                && tomb.trim().get(20..21) == Some("d"))
+            .then_some(())
+        },
+    );
+    wait_for(
+        "the tombstone swept after its TTL",
+        Duration::from_secs(20),
+        || etcd_keys(&etcd, companion).is_empty().then_some(()),
     );
 }

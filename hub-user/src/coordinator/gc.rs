@@ -9,7 +9,8 @@
 //! none of those objects changed since — so a key a live hub holds, or starts holding
 //! meanwhile, is never removed. Pool-scope resources are the leader's own (its complete
 //! lists replace them) and are not swept. Objects deleted in the cloud leave earlier: the
-//! hubs and the leader delete them as they learn of it.
+//! hubs and the leader delete them as they learn of it; the tombstones those deletions
+//! leave (`/hub/rv/…` = `<rv>d<time>`) are swept after coordinator.tombstoneTtlSeconds.
 use std::{
     collections::{HashMap, HashSet},
     sync::Arc,
@@ -23,7 +24,7 @@ use tokio::sync::watch;
 use super::{
     keys,
     pool::{Pool, resource_of},
-    storage::{Storage, StorageError, rv_key},
+    storage::{META_PREFIX, Storage, StorageError, deleted_at, rv_key},
 };
 
 pub const MEMBERS_PREFIX: &str = "/hub/members/";
@@ -51,6 +52,9 @@ pub struct GcStatus {
     pub nodes_removed: u64,
     /// Sweeps that found the pool changing under them (retried next time).
     pub conflicts: u64,
+    /// Deletion records older than the tombstone TTL, removed.
+    #[serde(default)]
+    pub tombstones_removed: u64,
     pub last_sweep_ms: u64,
 }
 
@@ -59,14 +63,26 @@ pub struct GcStatus {
 #[derive(Default)]
 struct Absent(HashMap<String, Instant>);
 
+/// How often to sweep and what to keep.
+pub struct Schedule {
+    pub interval: Duration,
+    /// How long a hub may be gone before the keys only it held go.
+    pub grace: Duration,
+    /// How long a deletion's tombstone is kept.
+    pub tombstone_ttl: Duration,
+}
+
 /// Sweeps every `interval` while this hub leads the pool, until `stop`.
-pub async fn run(
-    pool: Arc<Pool>,
-    interval: Duration,
-    grace: Duration,
-    mut stop: watch::Receiver<bool>,
-) {
+pub async fn run(pool: Arc<Pool>, schedule: Schedule, mut stop: watch::Receiver<bool>) {
+    let Schedule {
+        interval,
+        grace,
+        tombstone_ttl,
+    } = schedule;
     let mut absent = Absent::default();
+    // Tombstones are read in full, so they are looked at less often than objects.
+    let tombstones_every = tombstone_ttl.min(Duration::from_secs(600));
+    let mut tombstones_at: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
@@ -95,7 +111,55 @@ pub async fn run(
             }),
             Err(e) => pool.note_leader_error(format!("sweeping the coordinator: {e}")),
         }
+        if tombstones_at.is_none_or(|t| t.elapsed() >= tombstones_every) {
+            tombstones_at = Some(Instant::now());
+            match drop_old_tombstones(&storage, tombstone_ttl).await {
+                Ok(n) => pool.count_gc(|g| g.tombstones_removed += n),
+                Err(e) => pool.note_leader_error(format!("sweeping tombstones: {e}")),
+            }
+        }
     }
+}
+
+/// Removes deletion records older than `ttl` (each guarded by its mod revision, so one
+/// rewritten meanwhile stays); returns how many went.
+async fn drop_old_tombstones(storage: &Storage, ttl: Duration) -> Result<u64, StorageError> {
+    let prefix = format!("{META_PREFIX}/");
+    let resp = storage
+        .send(Txn::new().and_then([TxnOp::get(
+            prefix.as_str(),
+            Some(GetOptions::new().with_prefix()),
+        )]))
+        .await?;
+    let Some(TxnOpResponse::Get(got)) = resp.op_responses().into_iter().next() else {
+        return Err(StorageError::Shape);
+    };
+    let before = crate::cache::store::now().saturating_sub(ttl.as_secs());
+    let budget = (storage.max_txn_ops() / 2).max(1);
+    let old: Vec<(Vec<u8>, i64)> = got
+        .kvs()
+        .iter()
+        .filter(|kv| deleted_at(kv.value()).is_some_and(|at| at < before))
+        .take(budget)
+        .map(|kv| (kv.key().to_vec(), kv.mod_revision()))
+        .collect();
+    if old.is_empty() {
+        return Ok(0);
+    }
+    let when: Vec<Compare> = old
+        .iter()
+        .map(|(k, rev)| Compare::mod_revision(k.clone(), CompareOp::Equal, *rev))
+        .collect();
+    let ops: Vec<TxnOp> = old
+        .iter()
+        .map(|(k, _)| TxnOp::delete(k.clone(), None))
+        .collect();
+    let resp = storage.send(Txn::new().when(when).and_then(ops)).await?;
+    Ok(if resp.succeeded() {
+        old.len() as u64
+    } else {
+        0
+    })
 }
 
 #[derive(Debug, Default)]

@@ -515,12 +515,12 @@ impl Pool {
             tokio::spawn(election.run(eligible, stop.clone()));
             tokio::spawn(self.clone().probe_forever(client.clone(), stop.clone()));
             let c = &self.config.coordinator;
-            tokio::spawn(gc::run(
-                self.clone(),
-                Duration::from_secs(c.gc_interval_seconds),
-                Duration::from_secs(c.node_grace_seconds),
-                stop.clone(),
-            ));
+            let schedule = gc::Schedule {
+                interval: Duration::from_secs(c.gc_interval_seconds),
+                grace: Duration::from_secs(c.node_grace_seconds),
+                tombstone_ttl: Duration::from_secs(c.tombstone_ttl_seconds),
+            };
+            tokio::spawn(gc::run(self.clone(), schedule, stop.clone()));
         }
         let mut pushed = HashMap::new();
         let (mut life, mut generation, mut member) = (None, None, None);

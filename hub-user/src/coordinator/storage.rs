@@ -146,8 +146,18 @@ fn pad(rv: u64) -> String {
     format!("{rv:020}")
 }
 
+/// A deletion's companion value: the resourceVersion, `d`, and when it was written (unix
+/// seconds) so the pool's sweep can drop it once no write that old can still arrive.
+/// Comparisons only ever look at the first 21 bytes.
 fn tombstone(rv: u64) -> String {
-    format!("{rv:020}d")
+    format!("{rv:020}d{}", crate::cache::store::now())
+}
+
+/// When a companion value is a tombstone: the unix time it was written (0 if unknown).
+pub fn deleted_at(v: &[u8]) -> Option<u64> {
+    (v.get(20) == Some(&b'd'))
+        .then(|| std::str::from_utf8(&v[21..]).ok()?.parse().ok())
+        .map(|t| t.unwrap_or(0))
 }
 
 /// The resourceVersion in a companion key's value (object or tombstone).
@@ -567,7 +577,7 @@ impl Storage {
                 .filter_map(|kv| {
                     let key = text(kv.key()).strip_prefix(META_PREFIX)?.to_string();
                     let rv = parse_rv(kv.value())?;
-                    Some((key, rv, kv.value().ends_with(b"d")))
+                    Some((key, rv, deleted_at(kv.value()).is_some()))
                 })
                 .collect(),
         })
@@ -931,6 +941,13 @@ mod tests {
         assert!(tombstone(7) < pad(8), "a deletion at 7 lets 8 in");
         assert!(tombstone(7) > pad(7), "but not 7 again");
         assert_eq!(parse_rv(tombstone(42).as_bytes()), Some(42));
+        assert!(deleted_at(tombstone(42).as_bytes()).is_some_and(|t| t > 1_700_000_000));
+        assert_eq!(
+            deleted_at(b"00000000000000000042d"),
+            Some(0),
+            "older tombstones"
+        );
+        assert_eq!(deleted_at(pad(42).as_bytes()), None);
         assert_eq!(parse_rv(pad(u64::MAX).as_bytes()), Some(u64::MAX));
         assert_eq!(rv_key("/registry/pods/a/b"), "/hub/rv/registry/pods/a/b");
         // "stored > at_least(rv)" is "stored is rv or newer", tombstones included.
