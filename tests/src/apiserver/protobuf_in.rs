@@ -1,11 +1,15 @@
-//! Kubernetes protobuf request bodies, for the kinds a node writes that way (kubelet's
-//! typed clients send protobuf): leases, events, nodes, pods, certificate signing
-//! requests, configmaps. The body (`k8s\0` + runtime.Unknown) is decoded with the real
+//! Kubernetes protobuf request bodies, for every core kind with a protobuf form here
+//! (kubelet's and controllers' typed clients send protobuf): leases, events, nodes, pods,
+//! certificate signing requests, configmaps, secrets, services, endpoints,
+//! endpointslices, namespaces, service accounts. The body (`k8s\0` + runtime.Unknown) is decoded with the real
 //! k8s-pb types into the JSON form the store keeps — the same field subset `protobuf`
 //! encodes, so an object written in protobuf reads back the same in either encoding.
 use base64::Engine;
 use k8s_pb::{
-    api::{certificates::v1 as certificates, coordination::v1 as coordination, core::v1 as core},
+    api::{
+        certificates::v1 as certificates, coordination::v1 as coordination, core::v1 as core,
+        discovery::v1 as discovery,
+    },
     apimachinery::pkg::{
         api::resource::Quantity,
         apis::meta::v1::{MicroTime, ObjectMeta, Time},
@@ -18,10 +22,7 @@ use serde_json::{Map, Value, json};
 
 /// Kinds whose protobuf request bodies are understood.
 pub fn supported(kind: &str) -> bool {
-    matches!(
-        kind,
-        "Lease" | "Event" | "Node" | "Pod" | "CertificateSigningRequest" | "ConfigMap"
-    )
+    super::protobuf::supported(kind)
 }
 
 /// Inserts `v` under `k` unless it is absent (`None`, empty string list or map).
@@ -723,6 +724,175 @@ fn configmap(c: core::ConfigMap) -> Value {
     Value::Object(o)
 }
 
+fn ports<'a>(
+    ports: impl Iterator<
+        Item = (
+            &'a Option<String>,
+            &'a Option<String>,
+            Option<i32>,
+            &'a Option<String>,
+        ),
+    >,
+) -> Value {
+    let ports: Vec<Value> = ports
+        .map(|(name, protocol, port, app)| {
+            let mut o = Map::new();
+            put(&mut o, "name", text(name));
+            put(&mut o, "protocol", text(protocol));
+            put(&mut o, "port", num(port));
+            put(&mut o, "appProtocol", text(app));
+            Value::Object(o)
+        })
+        .collect();
+    json!(ports)
+}
+
+fn service(v: core::Service) -> Value {
+    let mut spec = Map::new();
+    if let Some(s) = &v.spec {
+        let ports: Vec<Value> = s
+            .ports
+            .iter()
+            .map(|p| {
+                let mut o = Map::new();
+                put(&mut o, "name", text(&p.name));
+                put(&mut o, "protocol", text(&p.protocol));
+                put(&mut o, "appProtocol", text(&p.app_protocol));
+                put(&mut o, "port", num(p.port));
+                put(&mut o, "targetPort", int_or_string(&p.target_port));
+                put(&mut o, "nodePort", num(p.node_port));
+                Value::Object(o)
+            })
+            .collect();
+        put(&mut spec, "ports", json!(ports));
+        put(&mut spec, "selector", json!(s.selector));
+        put(&mut spec, "clusterIP", text(&s.cluster_ip));
+        put(&mut spec, "clusterIPs", strings(&s.cluster_ips));
+        put(&mut spec, "type", text(&s.r#type));
+        put(&mut spec, "sessionAffinity", text(&s.session_affinity));
+        put(&mut spec, "ipFamilies", strings(&s.ip_families));
+    }
+    json!({"metadata": meta(&v.metadata), "spec": spec})
+}
+
+fn endpoints(v: core::Endpoints) -> Value {
+    let address = |a: &core::EndpointAddress| {
+        let mut o = Map::new();
+        put(&mut o, "ip", text(&a.ip));
+        put(&mut o, "hostname", text(&a.hostname));
+        put(&mut o, "nodeName", text(&a.node_name));
+        put(&mut o, "targetRef", object_ref(&a.target_ref));
+        Value::Object(o)
+    };
+    let subsets: Vec<Value> = v
+        .subsets
+        .iter()
+        .map(|sub| {
+            let mut o = Map::new();
+            let ready: Vec<Value> = sub.addresses.iter().map(address).collect();
+            put(&mut o, "addresses", json!(ready));
+            let not_ready: Vec<Value> = sub.not_ready_addresses.iter().map(address).collect();
+            put(&mut o, "notReadyAddresses", json!(not_ready));
+            let p = sub
+                .ports
+                .iter()
+                .map(|p| (&p.name, &p.protocol, p.port, &p.app_protocol));
+            put(&mut o, "ports", ports(p));
+            Value::Object(o)
+        })
+        .collect();
+    let mut o = Map::new();
+    o.insert("metadata".into(), meta(&v.metadata));
+    put(&mut o, "subsets", json!(subsets));
+    Value::Object(o)
+}
+
+fn endpoint_slice(v: discovery::EndpointSlice) -> Value {
+    let endpoints: Vec<Value> = v
+        .endpoints
+        .iter()
+        .map(|e| {
+            let mut o = Map::new();
+            o.insert("addresses".into(), strings(&e.addresses));
+            if let Some(c) = &e.conditions {
+                let mut m = Map::new();
+                put(&mut m, "ready", flag(c.ready));
+                put(&mut m, "serving", flag(c.serving));
+                put(&mut m, "terminating", flag(c.terminating));
+                o.insert("conditions".into(), Value::Object(m));
+            }
+            put(&mut o, "hostname", text(&e.hostname));
+            put(&mut o, "targetRef", object_ref(&e.target_ref));
+            put(&mut o, "nodeName", text(&e.node_name));
+            put(&mut o, "zone", text(&e.zone));
+            Value::Object(o)
+        })
+        .collect();
+    let mut o = Map::new();
+    o.insert("metadata".into(), meta(&v.metadata));
+    put(&mut o, "addressType", text(&v.address_type));
+    // An EndpointSlice always carries its endpoints list, empty or not.
+    o.insert("endpoints".into(), json!(endpoints));
+    let p = v
+        .ports
+        .iter()
+        .map(|p| (&p.name, &p.protocol, p.port, &p.app_protocol));
+    put(&mut o, "ports", ports(p));
+    Value::Object(o)
+}
+
+fn secret(v: core::Secret) -> Value {
+    let data: Map<String, Value> = v
+        .data
+        .iter()
+        .map(|(k, b)| {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(b);
+            (k.clone(), json!(b64))
+        })
+        .collect();
+    let mut o = Map::new();
+    o.insert("metadata".into(), meta(&v.metadata));
+    put(&mut o, "data", Value::Object(data));
+    put(&mut o, "type", text(&v.r#type));
+    put(&mut o, "immutable", flag(v.immutable));
+    Value::Object(o)
+}
+
+fn namespace(v: core::Namespace) -> Value {
+    let mut o = Map::new();
+    o.insert("metadata".into(), meta(&v.metadata));
+    if let Some(s) = &v.spec {
+        put(&mut o, "spec", json!({"finalizers": s.finalizers}));
+    }
+    if let Some(phase) = v.status.as_ref().and_then(|s| s.phase.clone()) {
+        o.insert("status".into(), json!({"phase": phase}));
+    }
+    Value::Object(o)
+}
+
+fn service_account(v: core::ServiceAccount) -> Value {
+    let mut o = Map::new();
+    o.insert("metadata".into(), meta(&v.metadata));
+    let secrets: Vec<Value> = v
+        .secrets
+        .iter()
+        .filter_map(|r| object_ref(&Some(r.clone())))
+        .collect();
+    put(&mut o, "secrets", json!(secrets));
+    let pulls: Vec<Value> = v
+        .image_pull_secrets
+        .iter()
+        .map(|r| json!({"name": r.name}))
+        .collect();
+    put(&mut o, "imagePullSecrets", json!(pulls));
+    put(
+        &mut o,
+        "automountServiceAccountToken",
+        flag(v.automount_service_account_token),
+    );
+    Value::Object(o)
+}
+
 /// The JSON form of a protobuf request body for `kind` (with apiVersion and kind set), or
 /// why it cannot be read.
 pub fn decode(api_version: &str, kind: &str, body: &[u8]) -> Result<Value, String> {
@@ -751,6 +921,16 @@ pub fn decode(api_version: &str, kind: &str, body: &[u8]) -> Result<Value, Strin
             csr(certificates::CertificateSigningRequest::decode(raw.as_slice()).map_err(bad)?)
         }
         "ConfigMap" => configmap(core::ConfigMap::decode(raw.as_slice()).map_err(bad)?),
+        "Secret" => secret(core::Secret::decode(raw.as_slice()).map_err(bad)?),
+        "Service" => service(core::Service::decode(raw.as_slice()).map_err(bad)?),
+        "Endpoints" => endpoints(core::Endpoints::decode(raw.as_slice()).map_err(bad)?),
+        "EndpointSlice" => {
+            endpoint_slice(discovery::EndpointSlice::decode(raw.as_slice()).map_err(bad)?)
+        }
+        "Namespace" => namespace(core::Namespace::decode(raw.as_slice()).map_err(bad)?),
+        "ServiceAccount" => {
+            service_account(core::ServiceAccount::decode(raw.as_slice()).map_err(bad)?)
+        }
         other => return Err(format!("protobuf bodies of {other} are not understood")),
     };
     v["apiVersion"] = json!(api_version);
@@ -771,6 +951,68 @@ mod tests {
             back, pod,
             "every field of the pod survives JSON -> protobuf -> JSON"
         );
+    }
+
+    #[test]
+    fn every_core_kind_round_trips_through_protobuf() {
+        let objects = [
+            (
+                "v1",
+                "Service",
+                json!({"metadata": {"name": "web", "namespace": "shop"},
+                "spec": {"type": "ClusterIP", "clusterIP": "169.254.60.10", "clusterIPs": ["169.254.60.10"],
+                    "selector": {"app": "web"}, "sessionAffinity": "None", "ipFamilies": ["IPv4"],
+                    "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": "http"},
+                              {"name": "metrics", "protocol": "TCP", "port": 9090, "targetPort": 9090}]}}),
+            ),
+            (
+                "v1",
+                "Endpoints",
+                json!({"metadata": {"name": "web", "namespace": "shop"},
+                "subsets": [{"addresses": [{"ip": "169.254.50.7", "nodeName": "edge-1",
+                    "targetRef": {"kind": "Pod", "namespace": "shop", "name": "web-1", "uid": "u1"}}],
+                    "notReadyAddresses": [{"ip": "169.254.50.8"}],
+                    "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}]}),
+            ),
+            (
+                "discovery.k8s.io/v1",
+                "EndpointSlice",
+                json!({"metadata": {"name": "web-abc12", "namespace": "shop",
+                "labels": {"kubernetes.io/service-name": "web"}}, "addressType": "IPv4",
+                "endpoints": [{"addresses": ["169.254.50.7"], "conditions": {"ready": true, "serving": true, "terminating": false},
+                    "nodeName": "edge-1", "targetRef": {"kind": "Pod", "namespace": "shop", "name": "web-1"}}],
+                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}),
+            ),
+            (
+                "v1",
+                "Secret",
+                json!({"metadata": {"name": "db", "namespace": "shop"}, "type": "Opaque",
+                "data": {"password": "czNjcjN0"}}),
+            ),
+            (
+                "v1",
+                "Namespace",
+                json!({"metadata": {"name": "shop"}, "spec": {"finalizers": ["kubernetes"]},
+                "status": {"phase": "Active"}}),
+            ),
+            (
+                "v1",
+                "ServiceAccount",
+                json!({"metadata": {"name": "web", "namespace": "shop"},
+                "imagePullSecrets": [{"name": "registry"}], "automountServiceAccountToken": false}),
+            ),
+            (
+                "v1",
+                "ConfigMap",
+                json!({"metadata": {"name": "web-conf", "namespace": "shop"}, "data": {"level": "info"}}),
+            ),
+        ];
+        for (av, kind, mut v) in objects {
+            v["apiVersion"] = json!(av);
+            v["kind"] = json!(kind);
+            let body = super::super::protobuf::object(av, kind, &v);
+            assert_eq!(decode(av, kind, &body).unwrap(), v, "{kind}");
+        }
     }
 
     #[test]
