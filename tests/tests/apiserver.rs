@@ -80,6 +80,31 @@ fn kubectl_works_over_tls() {
     ] {
         assert!(res.contains(r), "api-resources lacks {r}:\n{res}");
     }
+    // kubectl read all of that from aggregated discovery, as against kube-apiserver 1.30+.
+    let agg = admin(&s)
+        .request(
+            "GET",
+            "/apis",
+            &[(
+                "Accept",
+                "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json",
+            )],
+            &[],
+        )
+        .unwrap();
+    assert_eq!(
+        agg.header("content-type"),
+        Some("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList")
+    );
+    let groups = agg.json();
+    let leases = groups["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["metadata"]["name"] == "coordination.k8s.io")
+        .expect("the coordination group");
+    assert_eq!(leases["versions"][0]["resources"][0]["resource"], "leases");
+    assert_eq!(leases["versions"][0]["resources"][0]["scope"], "Namespaced");
     let versions = kubectl_ok(&kc, &["api-versions"]);
     assert!(versions.contains("coordination.k8s.io/v1") && versions.lines().any(|l| l == "v1"));
     assert_eq!(

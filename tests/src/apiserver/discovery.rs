@@ -88,6 +88,71 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
     )
 }
 
+/// The media type of aggregated discovery, as kube-apiserver names it in Content-Type.
+pub const AGGREGATED: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+/// Whether an Accept header asks for aggregated discovery (v2) before the legacy form.
+pub fn wants_aggregated(accept: &str) -> bool {
+    accept.split(',').any(|alt| {
+        let params: Vec<String> = alt
+            .split(';')
+            .map(|p| p.trim().to_ascii_lowercase())
+            .collect();
+        params.iter().any(|p| p == "g=apidiscovery.k8s.io")
+            && params.iter().any(|p| p == "v=v2")
+            && params.iter().any(|p| p == "as=apigroupdiscoverylist")
+    })
+}
+
+/// Aggregated discovery (apidiscovery.k8s.io/v2): every resource of the core group (`/api`)
+/// or of the named groups (`/apis`) in one answer, built from the same table as the
+/// per-group lists.
+pub fn aggregated(core: bool) -> Value {
+    let groups: Vec<(&str, &str)> = if core {
+        vec![("", "v1")]
+    } else {
+        resources::groups()
+    };
+    let items: Vec<Value> = groups
+        .into_iter()
+        .filter_map(|(g, v)| {
+            let list = resource_list(g, v)?;
+            let all = list["resources"].as_array().cloned().unwrap_or_default();
+            let kind_of = |kind: &Value| json!({"group": g, "version": v, "kind": kind});
+            let entries: Vec<Value> = all
+                .iter()
+                .filter(|r| !r["name"].as_str().unwrap_or_default().contains('/'))
+                .map(|r| {
+                    let name = r["name"].as_str().unwrap_or_default();
+                    let subs: Vec<Value> = all
+                        .iter()
+                        .filter_map(|s| {
+                            let sub = s["name"].as_str()?.strip_prefix(&format!("{name}/"))?;
+                            Some(json!({"subresource": sub, "responseKind": kind_of(&s["kind"]), "verbs": s["verbs"]}))
+                        })
+                        .collect();
+                    let mut e = json!({
+                        "resource": name, "responseKind": kind_of(&r["kind"]),
+                        "scope": if r["namespaced"] == true { "Namespaced" } else { "Cluster" },
+                        "singularResource": r["singularName"], "verbs": r["verbs"],
+                    });
+                    for k in ["shortNames", "categories"] {
+                        if r[k].is_array() {
+                            e[k] = r[k].clone();
+                        }
+                    }
+                    if !subs.is_empty() {
+                        e["subresources"] = json!(subs);
+                    }
+                    e
+                })
+                .collect();
+            Some(json!({"metadata": {"name": g}, "versions": [{"version": v, "resources": entries, "freshness": "Current"}]}))
+        })
+        .collect();
+    json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items})
+}
+
 /// POST selfsubjectaccessreviews: would this user be allowed?
 pub fn access_review(state: &State, user: &User, body: &Value) -> hyper::Response<Body> {
     let a = &body["spec"]["resourceAttributes"];

@@ -407,12 +407,26 @@ async fn authenticated(
     if let Some(resp) = misc(&path) {
         return resp;
     }
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
     let segs: Vec<&str> = path
         .trim_matches('/')
         .split('/')
         .filter(|s| !s.is_empty())
         .collect();
     match (req.method(), segs.as_slice()) {
+        (&Method::GET, ["api" | "apis"]) if discovery::wants_aggregated(&accept) => {
+            let mut resp = json_response(StatusCode::OK, &discovery::aggregated(segs == ["api"]));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static(discovery::AGGREGATED),
+            );
+            resp
+        }
         (&Method::GET, ["api"]) => {
             json_response(StatusCode::OK, &discovery::api_versions(&state.url))
         }
