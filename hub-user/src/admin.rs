@@ -313,10 +313,13 @@ pub fn render(s: &StatusReport) -> String {
         "connections:  {} accepted, {} active, origin known {} / unknown {}, upstream failures {}",
         c.accepted, c.active, c.origin_known, c.origin_unknown, c.upstream_failed
     );
-    let _ = writeln!(
-        out,
-        "bytes:        {} to cloud, {} from cloud",
-        c.bytes_to_cloud, c.bytes_from_cloud
-    );
+    // Only the relay data path counts raw bytes (the proxy counts requests by route).
+    if c.bytes_to_cloud + c.bytes_from_cloud > 0 {
+        let _ = writeln!(
+            out,
+            "relayed:      {} bytes to cloud, {} from cloud",
+            c.bytes_to_cloud, c.bytes_from_cloud
+        );
+    }
     out
 }
