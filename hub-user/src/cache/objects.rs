@@ -146,6 +146,29 @@ const FIELDS: &[(&str, &str, &str, &[u64])] = &[
 ];
 
 /// Whether a field selector on `field` can be answered for `resource` from the cache.
+/// The kind of a well-known resource, for answers that have no object to take it from
+/// (an empty list, a bookmark on an empty watch); "" for others.
+pub fn kind_for(resource: &str) -> &'static str {
+    match resource {
+        "pods" => "Pod",
+        "nodes" => "Node",
+        "services" => "Service",
+        "endpoints" => "Endpoints",
+        "endpointslices" => "EndpointSlice",
+        "configmaps" => "ConfigMap",
+        "secrets" => "Secret",
+        "namespaces" => "Namespace",
+        "leases" => "Lease",
+        "events" => "Event",
+        "serviceaccounts" => "ServiceAccount",
+        "persistentvolumeclaims" => "PersistentVolumeClaim",
+        "persistentvolumes" => "PersistentVolume",
+        "csinodes" => "CSINode",
+        "runtimeclasses" => "RuntimeClass",
+        _ => "",
+    }
+}
+
 pub fn supports_field(resource: &str, field: &str) -> bool {
     matches!(field, "metadata.name" | "metadata.namespace")
         || FIELDS

@@ -167,8 +167,8 @@ fn latest(records: Vec<(ObjectKey, Record)>) -> Vec<Latest> {
     out
 }
 
-/// The kind of the objects in a scope ("" when none is cached).
-fn kind_of(objects: &[Latest]) -> String {
+/// The kind of the objects in a scope (the resource's well-known kind when none is held).
+fn kind_of(objects: &[Latest], resource: &str) -> String {
     objects
         .iter()
         .find_map(|l| {
@@ -177,7 +177,7 @@ fn kind_of(objects: &[Latest]) -> String {
                 .or(l.protobuf.as_ref())
                 .map(|i| i.kind.clone())
         })
-        .unwrap_or_default()
+        .unwrap_or_else(|| objects::kind_for(resource).to_string())
 }
 
 /// Chooses the encoding that can answer with the most objects (ties: the client's order).
@@ -517,7 +517,7 @@ fn render_list(
         Ok(s) => s,
         Err(msg) => return Ok(bad_request(&msg)),
     };
-    let kind = kind_of(&objects);
+    let kind = kind_of(&objects, &info.resource);
     let selected: Vec<&Latest> = objects
         .iter()
         .filter(|l| !l.deleted)
@@ -703,7 +703,7 @@ async fn watch(
     let initial = from == 0 || param(&query, "sendInitialEvents") == "true";
     let bookmarks = param(&query, "allowWatchBookmarks") == "true";
     let av = api_version(&info);
-    let kind = kind_of(&objects);
+    let kind = kind_of(&objects, &info.resource);
     // What happened after `from`, as far as the cache knows: live objects as MODIFIED (or
     // ADDED for a fresh start), deletions as DELETED.
     let mut first: Vec<Bytes> = Vec::new();
@@ -796,6 +796,30 @@ pub(crate) fn watch_timeout(query: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_list_still_names_its_kind() {
+        let info = RequestInfo::parse(
+            &hyper::Method::GET,
+            "/apis/discovery.k8s.io/v1/endpointslices",
+            "",
+        );
+        let resp = answer_from(FROM_COORDINATOR, vec![], 7, &info, "", "application/json")
+            .expect("an answer");
+        let body = body_of(resp);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["kind"], "EndpointSliceList");
+        assert_eq!(v["metadata"]["resourceVersion"], "7");
+    }
+
+    fn body_of(resp: Response<ProxyBody>) -> Bytes {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(resp.into_body().collect())
+            .unwrap()
+            .to_bytes()
+    }
 
     #[test]
     fn accept_negotiation() {

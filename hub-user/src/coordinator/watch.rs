@@ -117,7 +117,10 @@ pub async fn serve(
         })
         .unwrap_or(Encoding::Json);
     let av = api_version(info);
-    let kind = items.first().map(|i| i.kind.clone()).unwrap_or_default();
+    let kind = items.first().map_or_else(
+        || objects::kind_for(&info.resource).to_string(),
+        |i| i.kind.clone(),
+    );
     let mut newest = snap
         .versions
         .iter()
