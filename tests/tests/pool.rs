@@ -682,9 +682,47 @@ fn what_no_live_hub_holds_leaves_the_coordinator_and_what_one_holds_stays() {
         "{gc}"
     );
 
+    // A pod that only changes is pushed again, but the set's key record is not rewritten:
+    // records change only when names do (what keeps the leader's sweeps from conflicting).
+    let mod_revision = |key: &str| -> i64 {
+        let out = etcd
+            .etcdctl(&etcd.endpoints(), &["get", key, "-w", "json"])
+            .unwrap_or_default();
+        serde_json::from_str::<Value>(&out).unwrap_or_default()["kvs"][0]["mod_revision"]
+            .as_i64()
+            .unwrap_or(0)
+    };
+    let record = "/hub/sets/pool-a/edge-0/kubelet/v1/pods";
+    let pod_key = "/registry/pods/default/edge-0-pod-0";
+    let (record_before, pod_before) = (mod_revision(record), mod_revision(pod_key));
+    assert!(record_before > 0 && pod_before > 0);
+    let pods_id = hub_tests::apiserver::resources::find("", "v1", "pods").unwrap();
+    let pod_0 = hub_tests::apiserver::store::Key {
+        resource: pods_id,
+        namespace: "default".into(),
+        name: "edge-0-pod-0".into(),
+    };
+    cloud
+        .state
+        .store
+        .update(pod_0, None, |cur| {
+            let mut v = cur.clone();
+            v["status"]["message"] = "changed".into();
+            v
+        })
+        .unwrap();
+    kubelet(0, "/api/v1/pods?fieldSelector=spec.nodeName%3Dedge-0");
+    wait_for("the changed pod pushed", Duration::from_secs(10), || {
+        (mod_revision(pod_key) > pod_before).then_some(())
+    });
+    assert_eq!(
+        mod_revision(record),
+        record_before,
+        "the record was not rewritten"
+    );
+
     // A pod deleted in the cloud leaves the coordinator at edge-0's next list, with a
     // tombstone that the sweep drops once it is older than the TTL (2 s here).
-    let pods_id = hub_tests::apiserver::resources::find("", "v1", "pods").unwrap();
     cloud
         .state
         .store

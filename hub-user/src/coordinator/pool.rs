@@ -106,8 +106,34 @@ pub struct Pool {
     lives: AtomicU64,
 }
 
-/// (objects, sum of resourceVersions): changes whenever the set or a version does.
-type Fingerprint = (usize, u64);
+/// What a pushed set was: it is pushed again when the objects or a version changed, and
+/// its key record is rewritten only when the names changed (records are what the
+/// leader's sweep must see unchanged, and are large).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fingerprint {
+    objects: usize,
+    rv_sum: u64,
+    names: u64,
+}
+
+impl Fingerprint {
+    fn of(items: &[Item]) -> Fingerprint {
+        let names = items.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, i| {
+            let name = i
+                .namespace
+                .bytes()
+                .chain([b'/'])
+                .chain(i.name.bytes())
+                .chain([0]);
+            name.fold(h, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+        });
+        Fingerprint {
+            objects: items.len(),
+            rv_sum: items.iter().map(|i| i.rv).sum(),
+            names,
+        }
+    }
+}
 
 /// One component's objects of one resource, as the node's cache holds them.
 #[derive(Default)]
@@ -426,9 +452,10 @@ impl Pool {
         let mut pushed_now = false;
         let (pool, node) = (self.pool_name(), self.config.node_name.clone());
         for ((component, gvr), set) in sets {
-            let print: Fingerprint = (set.live.len(), set.live.iter().map(|i| i.rv).sum());
+            let print = Fingerprint::of(&set.live);
             let id = (component.clone(), gvr.clone());
-            if pushed.get(&id) == Some(&print) {
+            let before = pushed.get(&id).copied();
+            if before == Some(print) {
                 continue;
             }
             let Some(resource) = resource_of(&gvr) else {
@@ -448,13 +475,14 @@ impl Pool {
                     .collect()
             };
             let record = gc::set_key(&pool, &node, &component, &gvr);
+            let names_changed = before.is_none_or(|b| b.names != print.names);
             let r = storage
                 .push_set(
                     &component,
                     &resource,
                     &as_objects(&set.live),
                     &as_objects(&set.deleted),
-                    &record,
+                    names_changed.then_some(record.as_str()),
                 )
                 .await
                 .map_err(|e| format!("pushing {component} {gvr}: {e}"))?;

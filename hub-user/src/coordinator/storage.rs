@@ -680,16 +680,16 @@ impl Storage {
     /// new and fresher `objects` are written; `deleted` — objects the node saw deleted in
     /// the cloud, with the deletion's resourceVersion — are deleted as of then; keys the
     /// component held before and holds no more for another reason are only released (the
-    /// pool leader's sweep removes them once no live hub holds them). `record` is the key
-    /// of this set's record, which lists the keys the set holds (what the sweep reads). All
-    /// in one Txn.
+    /// pool leader's sweep removes them once no live hub holds them). `record`, when given,
+    /// is the key of this set's record, rewritten to list the keys the set holds (what the
+    /// sweep reads) — the caller omits it when the names did not change. All in one Txn.
     pub async fn push_set(
         &self,
         component: &str,
         r: &Resource,
         objects: &[Object],
         deleted: &[Object],
-        record: &str,
+        record: Option<&str>,
     ) -> Result<Replaced, StorageError> {
         let mut put = Vec::with_capacity(objects.len());
         let mut bytes = 0;
@@ -704,10 +704,18 @@ impl Storage {
             bytes += 2 * key.len() + 64;
             delete.push((key, o.rv));
         }
-        let listing: String = put.iter().map(|(k, _)| format!("{k}\n")).collect();
-        bytes += listing.len() + record.len();
+        let listing = record.map(|key| {
+            let keys: String = put.iter().map(|(k, _)| format!("{k}\n")).collect();
+            (key, keys)
+        });
+        bytes += listing.as_ref().map_or(0, |(k, v)| k.len() + v.len());
         let what = format!("pushing {} {} objects", objects.len(), r.resource);
-        self.check_limits(&what, put.len() + delete.len() + 1 + NESTED_OPS, bytes)?;
+        let record_ops = usize::from(listing.is_some());
+        self.check_limits(
+            &what,
+            put.len() + delete.len() + record_ops + NESTED_OPS,
+            bytes,
+        )?;
         let scope = keys::range_prefix(&self.prefix, &r.group, &r.resource, None)?;
         let holding: HashSet<&str> = put.iter().map(|(k, _)| k.as_str()).collect();
         let released: Vec<String> = self
@@ -723,7 +731,9 @@ impl Storage {
             .map(|(o, (k, _))| TxnOp::txn(upsert_txn(k, o.rv, &o.value)))
             .collect();
         ops.extend(delete.iter().map(|(k, rv)| TxnOp::txn(delete_txn(k, *rv))));
-        ops.push(TxnOp::put(record, listing, None));
+        if let Some((key, keys)) = listing {
+            ops.push(TxnOp::put(key, keys, None));
+        }
         let intent = Intent {
             component: component.into(),
             put,
