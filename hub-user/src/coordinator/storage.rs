@@ -226,6 +226,26 @@ fn delete_txn(key: &str, rv: u64) -> Txn {
     )
 }
 
+/// The operations of a set's Txn: each object's guarded upsert (`put` holds their keys),
+/// then each guarded deletion, then one plain put (a record or marker), if any.
+fn set_ops(
+    objects: &[Object],
+    put: &[(String, u64)],
+    delete: &[(String, u64)],
+    extra: Option<(impl Into<Vec<u8>>, impl Into<Vec<u8>>)>,
+) -> Vec<TxnOp> {
+    let mut ops: Vec<TxnOp> = objects
+        .iter()
+        .zip(put)
+        .map(|(o, (k, _))| TxnOp::txn(upsert_txn(k, o.rv, &o.value)))
+        .collect();
+    ops.extend(delete.iter().map(|(k, rv)| TxnOp::txn(delete_txn(k, *rv))));
+    if let Some((key, value)) = extra {
+        ops.push(TxnOp::put(key, value, None));
+    }
+    ops
+}
+
 /// Reads the outcome of a `guarded` Txn's answer.
 fn outcome(resp: &TxnResponse, offered: u64) -> Result<Outcome, StorageError> {
     if !resp.succeeded() {
@@ -725,15 +745,7 @@ impl Storage {
             .map(|(k, _)| k)
             .filter(|k| !holding.contains(k.as_str()))
             .collect();
-        let mut ops: Vec<TxnOp> = objects
-            .iter()
-            .zip(&put)
-            .map(|(o, (k, _))| TxnOp::txn(upsert_txn(k, o.rv, &o.value)))
-            .collect();
-        ops.extend(delete.iter().map(|(k, rv)| TxnOp::txn(delete_txn(k, *rv))));
-        if let Some((key, keys)) = listing {
-            ops.push(TxnOp::put(key, keys, None));
-        }
+        let ops = set_ops(objects, &put, &delete, listing);
         let intent = Intent {
             component: component.into(),
             put,
@@ -824,15 +836,7 @@ impl Storage {
             put.len() + gone.len() + marker_ops + NESTED_OPS,
             bytes,
         )?;
-        let mut ops: Vec<TxnOp> = objects
-            .iter()
-            .zip(&put)
-            .map(|(o, (k, _))| TxnOp::txn(upsert_txn(k, o.rv, &o.value)))
-            .collect();
-        ops.extend(gone.iter().map(|(k, rv)| TxnOp::txn(delete_txn(k, *rv))));
-        if let Some((key, value)) = whole_resource {
-            ops.push(TxnOp::put(key, value, None));
-        }
+        let ops = set_ops(objects, &put, &gone, whole_resource);
         let intent = Intent {
             component: component.into(),
             put,
