@@ -229,6 +229,19 @@ impl EtcdCluster {
         self.members.iter().map(|m| m.client_url.clone()).collect()
     }
 
+    /// Every key under `prefix` (empty when etcd cannot be asked).
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        self.etcdctl(
+            &self.endpoints(),
+            &["get", prefix, "--prefix", "--keys-only"],
+        )
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect()
+    }
+
     /// Runs etcdctl (API v3) against the given endpoints and returns its stdout.
     pub fn etcdctl(&self, endpoints: &[String], args: &[&str]) -> Result<String, String> {
         let mut cmd = Command::new("etcdctl");

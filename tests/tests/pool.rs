@@ -73,18 +73,12 @@ fn start_named_hub(
     }
 }
 
-/// The cloud: a stand-in on loopback with the test identities, and its CA.
+/// The cloud: a stand-in on loopback (base data seeded) with the test identities, and
+/// its CA.
 fn cloud() -> (Arc<TestCa>, StandIn) {
-    let ca = Arc::new(TestCa::new("cloud-ca"));
-    let cloud = StandIn::start_with_ca(
-        "127.0.0.1:0".parse().unwrap(),
-        Options::default(),
-        ca.clone(),
-    )
-    .unwrap();
+    let cloud = StandIn::start("127.0.0.1:0".parse().unwrap(), Options::default()).unwrap();
     cloud.state.auth.write().unwrap().add_test_identities();
-    seed::base(&cloud.state.store);
-    (ca, cloud)
+    (cloud.ca.clone(), cloud)
 }
 
 #[test]
@@ -133,7 +127,7 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
         "both nodes' pods in the coordinator",
         Duration::from_secs(20),
         || {
-            let keys = etcd_keys(&etcd, "/registry/pods/");
+            let keys = etcd.keys("/registry/pods/");
             (keys.len() == 6).then_some(keys)
         },
     );
@@ -161,7 +155,7 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
         "the deleted pod gone from the coordinator",
         Duration::from_secs(20),
         || {
-            let keys = etcd_keys(&etcd, "/registry/pods/");
+            let keys = etcd.keys("/registry/pods/");
             (keys.len() == 5 && !keys.contains(&"/registry/pods/default/pod-0-2".to_string()))
                 .then_some(())
         },
@@ -228,7 +222,7 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
     let epoch = nodes[0].hub.status()["coordinator"]["epoch"].clone();
     etcd.wipe_member(0);
     let refilled = wait_for("the hubs to re-push", Duration::from_secs(20), || {
-        let keys = etcd_keys(&etcd, "/registry/pods/");
+        let keys = etcd.keys("/registry/pods/");
         (keys.len() == 5).then_some(keys)
     });
     let expected: Vec<String> = all_six
@@ -501,18 +495,6 @@ fn the_leader_syncs_pool_scope_resources_for_the_pool_and_followers_watch_them_a
     );
 }
 
-fn etcd_keys(etcd: &EtcdCluster, prefix: &str) -> Vec<String> {
-    etcd.etcdctl(
-        &etcd.endpoints(),
-        &["get", prefix, "--prefix", "--keys-only"],
-    )
-    .unwrap_or_default()
-    .lines()
-    .filter(|l| !l.is_empty())
-    .map(String::from)
-    .collect()
-}
-
 #[test]
 fn what_no_live_hub_holds_leaves_the_coordinator_and_what_one_holds_stays() {
     const GRACE: u64 = 3;
@@ -591,8 +573,8 @@ fn what_no_live_hub_holds_leaves_the_coordinator_and_what_one_holds_stays() {
     kubelet(0, &format!("{cms}?fieldSelector=metadata.name%3Dshared"));
     kubelet(2, &format!("{cms}/shared"));
     kubelet(2, &format!("{cms}/only-2"));
-    let pods = || etcd_keys(&etcd, "/registry/pods/");
-    let configmaps = || etcd_keys(&etcd, "/registry/configmaps/");
+    let pods = || etcd.keys("/registry/pods/");
+    let configmaps = || etcd.keys("/registry/configmaps/");
     wait_for(
         "every hub's objects in the coordinator",
         Duration::from_secs(20),
@@ -628,7 +610,7 @@ fn what_no_live_hub_holds_leaves_the_coordinator_and_what_one_holds_stays() {
         "edge-2's membership to expire",
         Duration::from_secs(10),
         || {
-            etcd_keys(&etcd, "/hub/members/pool-a/edge-2")
+            etcd.keys("/hub/members/pool-a/edge-2")
                 .is_empty()
                 .then_some(())
         },
@@ -654,10 +636,13 @@ fn what_no_live_hub_holds_leaves_the_coordinator_and_what_one_holds_stays() {
         left.iter().any(|k| k.ends_with("/shared")),
         "held by edge-0's list: {left:?}"
     );
-    assert!(etcd_keys(&etcd, "/hub/sets/pool-a/edge-2/").is_empty());
+    assert!(etcd.keys("/hub/sets/pool-a/edge-2/").is_empty());
     // The removed objects' resourceVersion companions went too: a hub caching them again
     // brings them back.
-    assert!(etcd_keys(&etcd, "/hub/rv/registry/configmaps/default/only-2").is_empty());
+    assert!(
+        etcd.keys("/hub/rv/registry/configmaps/default/only-2")
+            .is_empty()
+    );
     kubelet(1, &format!("{cms}/only-2"));
     wait_for(
         "only-2 pushed again by edge-1",
@@ -744,7 +729,7 @@ fn what_no_live_hub_holds_leaves_the_coordinator_and_what_one_holds_stays() {
             let tomb = etcd
                 .etcdctl(&etcd.endpoints(), &["get", companion, "--print-value-only"])
                 .unwrap_or_default();
-            (etcd_keys(&etcd, "/registry/pods/default/edge-0-pod-1").is_empty()
+            (etcd.keys("/registry/pods/default/edge-0-pod-1").is_empty()
                 && tomb.trim().get(20..21) == Some("d"))
             .then_some(())
         },
@@ -752,6 +737,6 @@ fn what_no_live_hub_holds_leaves_the_coordinator_and_what_one_holds_stays() {
     wait_for(
         "the tombstone swept after its TTL",
         Duration::from_secs(20),
-        || etcd_keys(&etcd, companion).is_empty().then_some(()),
+        || etcd.keys(companion).is_empty().then_some(()),
     );
 }

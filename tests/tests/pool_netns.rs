@@ -118,18 +118,6 @@ fn names(v: &Value) -> Vec<String> {
     n
 }
 
-fn keys(etcd: &EtcdCluster, prefix: &str) -> Vec<String> {
-    etcd.etcdctl(
-        &etcd.endpoints(),
-        &["get", prefix, "--prefix", "--keys-only"],
-    )
-    .unwrap_or_default()
-    .lines()
-    .filter(|l| !l.is_empty())
-    .map(String::from)
-    .collect()
-}
-
 fn role(h: &HubProc) -> String {
     h.try_status()
         .and_then(|s| s["coordinator"]["role"].as_str().map(String::from))
@@ -146,13 +134,9 @@ fn three_hubs_in_node_namespaces_share_a_three_member_coordinator() {
     // test's clients reach the hubs over the nodes' links.
     let _cloud_side = net.cloud.enter();
     let mut etcd = EtcdCluster::start_on(3, ETCD_IP);
-    let ca = Arc::new(TestCa::new("cloud-ca"));
-    let cloud = StandIn::start_with_ca(
-        format!("{CLOUD_IP}:0").parse().unwrap(),
-        Options::default(),
-        ca.clone(),
-    )
-    .unwrap();
+    let cloud =
+        StandIn::start(format!("{CLOUD_IP}:0").parse().unwrap(), Options::default()).unwrap();
+    let ca = cloud.ca.clone();
     cloud.state.auth.write().unwrap().add_test_identities();
     for n in NODES {
         seed::node(&cloud.state.store, n);
@@ -195,14 +179,16 @@ fn three_hubs_in_node_namespaces_share_a_three_member_coordinator() {
     wait_for(
         "every node's pods in the coordinator",
         Duration::from_secs(30),
-        || (keys(&etcd, "/registry/pods/").len() == 9).then_some(()),
+        || (etcd.keys("/registry/pods/").len() == 9).then_some(()),
     );
     wait_for(
         "the leader's endpointslices synced",
         Duration::from_secs(30),
         || {
-            (!keys(&etcd, "/hub/synced/discovery.k8s.io/v1/endpointslices").is_empty())
-                .then_some(())
+            (!etcd
+                .keys("/hub/synced/discovery.k8s.io/v1/endpointslices")
+                .is_empty())
+            .then_some(())
         },
     );
 
@@ -316,7 +302,7 @@ fn three_hubs_in_node_namespaces_share_a_three_member_coordinator() {
         "the pool's data back in the rebuilt coordinator",
         Duration::from_secs(30),
         || {
-            let pods = keys(&etcd, "/registry/pods/");
+            let pods = etcd.keys("/registry/pods/");
             let mine: usize = live
                 .iter()
                 .map(|i| {
@@ -325,7 +311,7 @@ fn three_hubs_in_node_namespaces_share_a_three_member_coordinator() {
                         .count()
                 })
                 .sum();
-            let slices = keys(&etcd, "/registry/endpointslices/");
+            let slices = etcd.keys("/registry/endpointslices/");
             (mine == 6 && slices.len() == 6).then_some(())
         },
     );

@@ -199,13 +199,7 @@ impl Demo {
     /// Keys under `prefix` in the coordinator (etcdctl from the cloud's namespace).
     fn etcd_keys(&self, prefix: &str) -> usize {
         let _inside = self.net.cloud.enter();
-        self.etcd
-            .etcdctl(
-                &self.etcd.endpoints(),
-                &["get", prefix, "--prefix", "--keys-only"],
-            )
-            .map(|o| o.lines().filter(|l| !l.is_empty()).count())
-            .unwrap_or(0)
+        self.etcd.keys(prefix).len()
     }
 
     fn start_hub(&mut self, i: usize) {

@@ -52,6 +52,19 @@ pub struct Item {
     pub body: Vec<u8>,
 }
 
+/// An object's body — JSON, or a protobuf message without its `k8s\0` envelope — with
+/// `metadata.resourceVersion` set to `rv`.
+pub fn with_resource_version(enc: Encoding, body: &[u8], rv: &str) -> Option<Vec<u8>> {
+    match enc {
+        Encoding::Json => {
+            let mut v: Value = serde_json::from_slice(body).ok()?;
+            v["metadata"]["resourceVersion"] = rv.into();
+            serde_json::to_vec(&v).ok()
+        }
+        Encoding::Protobuf => kproto::with_resource_version(body, rv),
+    }
+}
+
 impl Item {
     /// The object as a client (or etcd) receives it: the JSON body, or the protobuf
     /// message in its `k8s\0` envelope.

@@ -254,14 +254,10 @@ async fn send(
 /// The body with `metadata.resourceVersion` set to `rv` (JSON or enveloped protobuf).
 fn with_rv(content_type: &str, body: &[u8], rv: &str) -> Option<Vec<u8>> {
     match Encoding::of_content_type(content_type)? {
-        Encoding::Json => {
-            let mut v: Value = serde_json::from_slice(body).ok()?;
-            v["metadata"]["resourceVersion"] = rv.into();
-            serde_json::to_vec(&v).ok()
-        }
+        Encoding::Json => objects::with_resource_version(Encoding::Json, body, rv),
         Encoding::Protobuf => {
             let u = kproto::unwrap(body)?;
-            let raw = kproto::with_resource_version(u.raw, rv)?;
+            let raw = objects::with_resource_version(Encoding::Protobuf, u.raw, rv)?;
             Some(kproto::envelope(&u.api_version, &u.kind, &raw))
         }
     }

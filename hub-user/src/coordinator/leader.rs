@@ -19,7 +19,7 @@ use hyper::{Request, StatusCode, header};
 use tokio::sync::watch;
 
 use super::{
-    pool::{Pool, resource_of},
+    pool::{Pool, resource_of, split_gvr},
     storage::{Object, Resource, Storage, StorageError},
 };
 use crate::{
@@ -50,8 +50,7 @@ pub fn synced_key(gvr: &str) -> String {
 
 /// The API path of a resource across all namespaces.
 fn api_path(gvr: &str) -> Option<String> {
-    let mut p = gvr.splitn(3, '/');
-    let (group, version, resource) = (p.next()?, p.next()?, p.next()?);
+    let (group, version, resource) = split_gvr(gvr)?;
     Some(if group.is_empty() {
         format!("/api/{version}/{resource}")
     } else {

@@ -118,15 +118,10 @@ struct Fingerprint {
 
 impl Fingerprint {
     fn of(items: &[Item]) -> Fingerprint {
-        let names = items.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, i| {
-            let name = i
-                .namespace
-                .bytes()
-                .chain([b'/'])
-                .chain(i.name.bytes())
-                .chain([0]);
-            name.fold(h, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
-        });
+        let names = fnv(items.iter().flat_map(|i| {
+            let ns = i.namespace.bytes().chain([b'/']);
+            ns.chain(i.name.bytes()).chain([0])
+        }));
         Fingerprint {
             objects: items.len(),
             rv_sum: items.iter().map(|i| i.rv).sum(),
@@ -143,9 +138,14 @@ struct Set {
     deleted: Vec<Item>,
 }
 
-pub(super) fn resource_of(gvr: &str) -> Option<Resource> {
+/// (group, version, resource) of a `group/version/resource` name (`/v1/pods` for core).
+pub(super) fn split_gvr(gvr: &str) -> Option<(&str, &str, &str)> {
     let mut p = gvr.splitn(3, '/');
-    let (group, _version, resource) = (p.next()?, p.next()?, p.next()?);
+    Some((p.next()?, p.next()?, p.next()?))
+}
+
+pub(super) fn resource_of(gvr: &str) -> Option<Resource> {
+    let (group, _version, resource) = split_gvr(gvr)?;
     Some(Resource {
         group: group.into(),
         resource: resource.into(),
@@ -155,11 +155,15 @@ pub(super) fn resource_of(gvr: &str) -> Option<Resource> {
 /// Up to this long, spread by node name, before a hub re-pushes into a rebuilt coordinator.
 const REPUSH_SPREAD: Duration = Duration::from_millis(1000);
 
-fn repush_spread(node: &str) -> Duration {
-    let h = node.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+/// FNV-1a: a stable hash (same on every hub and every run), for spreading and fingerprints.
+fn fnv(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    });
-    Duration::from_millis(h % REPUSH_SPREAD.as_millis() as u64)
+    })
+}
+
+fn repush_spread(node: &str) -> Duration {
+    Duration::from_millis(fnv(node.bytes()) % REPUSH_SPREAD.as_millis() as u64)
 }
 
 impl Pool {

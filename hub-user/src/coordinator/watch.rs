@@ -55,15 +55,7 @@ fn name_of(scope: &str, namespace: &str, key: &str) -> ObjectKey {
 
 /// The object as it was deleted: its last state with the deletion's resourceVersion.
 fn with_rv(mut item: Item, rv: u64) -> Item {
-    let body = match item.encoding {
-        Encoding::Json => serde_json::from_slice::<serde_json::Value>(&item.body)
-            .ok()
-            .and_then(|mut v| {
-                v["metadata"]["resourceVersion"] = rv.to_string().into();
-                serde_json::to_vec(&v).ok()
-            }),
-        Encoding::Protobuf => kproto::with_resource_version(&item.body, &rv.to_string()),
-    };
+    let body = objects::with_resource_version(item.encoding, &item.body, &rv.to_string());
     if let Some(b) = body {
         item.body = b;
         item.rv = rv;
