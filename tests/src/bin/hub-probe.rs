@@ -7,7 +7,8 @@
 //!   hub-probe connect --to ADDR [--count N] [--concurrency C] [--cgroup DIR]
 //!       Joins DIR first (if given), makes N connections, prints one JSON summary line:
 //!       {"pid", "ok", "failed", "direct", "via_hub", "errors"} where "direct" means the
-//!       upstream saw this socket's own address as the peer (no hub in between).
+//!       socket ended up connected to ADDR itself and "via_hub" that a connect hook sent
+//!       it elsewhere (the kernel reports the rewritten peer) and the echo still came back.
 //!   hub-probe bench --via ADDR --direct ADDR [--rounds N] [--cgroup DIR]
 //!       Interleaved timing of connect() and connect()+first reply byte to both targets;
 //!       prints one JSON line with percentiles in microseconds.
@@ -102,7 +103,10 @@ fn one(to: SocketAddr, i: usize) -> Result<Outcome, String> {
     let conn =
         TcpStream::connect_timeout(&to, Duration::from_secs(3)).map_err(|e| e.to_string())?;
     conn.set_read_timeout(Some(Duration::from_secs(5))).ok();
-    let local = canonical(conn.local_addr().map_err(|e| e.to_string())?);
+    // Not "did the upstream see my own address": the hub's relay socket may draw the same
+    // loopback port as this one (connect() shares ports across destinations), so that
+    // comparison misreads a relayed connection as direct now and then.
+    let peer = canonical(conn.peer_addr().map_err(|e| e.to_string())?);
     let payload = format!("hello-{i}");
     (&conn)
         .write_all(format!("{payload}\n").as_bytes())
@@ -111,12 +115,10 @@ fn one(to: SocketAddr, i: usize) -> Result<Outcome, String> {
     BufReader::new(&conn)
         .read_line(&mut line)
         .map_err(|e| e.to_string())?;
-    let rest = line
-        .trim_end()
-        .strip_prefix(&format!("echo:{payload} peer="))
-        .ok_or_else(|| format!("unexpected reply {line:?}"))?;
-    let seen: SocketAddr = rest.parse().map_err(|_| format!("bad peer in {line:?}"))?;
-    Ok(if canonical(seen) == local {
+    if !line.starts_with(&format!("echo:{payload} peer=")) {
+        return Err(format!("unexpected reply {line:?}"));
+    }
+    Ok(if peer == canonical(to) {
         Outcome::Direct
     } else {
         Outcome::ViaHub
