@@ -472,12 +472,7 @@ pub fn answer_from(
                 name: item.name.clone(),
                 component: String::new(),
             };
-            let rec = Record {
-                deleted: false,
-                one_off: false,
-                stored_at: 0,
-                item,
-            };
+            let rec = Record::live(item, false, 0);
             (key, rec)
         })
         .collect();

@@ -139,6 +139,10 @@ pub struct Record {
     /// Written by a GET answer and by no list or watch since: the pool lets such objects
     /// age out of the coordinator (the node's cache keeps them).
     pub one_off: bool,
+    /// A tombstone a selector-filtered list left: the object is gone from that selection
+    /// but may well exist (its labels or fields changed), so the pool is not told it was
+    /// deleted — that would block other hubs' current copies of it.
+    pub left_selection: bool,
     /// Unix seconds when it was written.
     pub stored_at: u64,
     pub item: Item,
@@ -178,6 +182,17 @@ impl<'a> Reader<'a> {
 const RECORD_VERSION: u8 = 1;
 
 impl Record {
+    /// A live object written at `stored_at`.
+    pub fn live(item: Item, one_off: bool, stored_at: u64) -> Record {
+        Record {
+            deleted: false,
+            one_off,
+            left_selection: false,
+            stored_at,
+            item,
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let i = &self.item;
         let mut out = Vec::with_capacity(64 + i.body.len());
@@ -185,7 +200,8 @@ impl Record {
         out.push(
             u8::from(self.deleted)
                 | (u8::from(i.encoding == Encoding::Protobuf) << 1)
-                | (u8::from(self.one_off) << 2),
+                | (u8::from(self.one_off) << 2)
+                | (u8::from(self.left_selection) << 3),
         );
         out.extend_from_slice(&i.rv.to_le_bytes());
         out.extend_from_slice(&self.stored_at.to_le_bytes());
@@ -230,6 +246,7 @@ impl Record {
         Some(Record {
             deleted: flags & 1 != 0,
             one_off: flags & 4 != 0,
+            left_selection: flags & 8 != 0,
             stored_at,
             item,
         })
@@ -497,12 +514,7 @@ impl Store {
                         }
                         // An object a list or watch keeps current stays so after a GET.
                         let one_off = one_off && old.is_none_or(|o| o.one_off || o.deleted);
-                        let rec = Record {
-                            deleted: false,
-                            one_off,
-                            stored_at: now,
-                            item,
-                        };
+                        let rec = Record::live(item, one_off, now);
                         objects
                             .insert(k.as_slice(), rec.encode().as_slice())
                             .map_err(db_err)?;
@@ -630,12 +642,7 @@ impl Store {
                 .map_or(1, |(k, _)| k.value() + 1);
             outbox.insert(next, write).map_err(db_err)?;
             if let Some((key, item)) = update {
-                let rec = Record {
-                    deleted: false,
-                    one_off: false,
-                    stored_at: now(),
-                    item,
-                };
+                let rec = Record::live(item, false, now());
                 txn.open_table(OBJECTS)
                     .map_err(db_err)?
                     .insert(key.encode().as_slice(), rec.encode().as_slice())
@@ -702,6 +709,7 @@ fn tombstone(mut item: Item, now: u64) -> Record {
     Record {
         deleted: true,
         one_off: false,
+        left_selection: false,
         stored_at: now,
         item,
     }
@@ -771,12 +779,7 @@ fn replace_list(
             applied.stale += 1;
             continue;
         }
-        let rec = Record {
-            deleted: false,
-            one_off: false,
-            stored_at: now,
-            item,
-        };
+        let rec = Record::live(item, false, now);
         objects
             .insert(
                 key_of(&id.0, &id.1).encode().as_slice(),
@@ -800,8 +803,10 @@ fn replace_list(
         }
         let mut gone = old.item;
         gone.rv = rv;
+        let mut rec = tombstone(gone, now);
+        rec.left_selection = !selector.is_empty();
         objects
-            .insert(k.as_slice(), tombstone(gone, now).encode().as_slice())
+            .insert(k.as_slice(), rec.encode().as_slice())
             .map_err(db_err)?;
         applied.deleted += 1;
     }
@@ -879,13 +884,11 @@ mod tests {
 
     #[test]
     fn record_round_trip_and_corruption() {
-        let r = Record {
-            deleted: false,
-            one_off: true,
-            stored_at: 5,
-            item: item("d", "a", 9, "web"),
-        };
+        let r = Record::live(item("d", "a", 9, "web"), true, 5);
         assert_eq!(Record::decode(&r.encode()), Some(r.clone()));
+        let mut t = tombstone(item("d", "a", 9, "web"), 6);
+        t.left_selection = true;
+        assert_eq!(Record::decode(&t.encode()), Some(t));
         let enc = r.encode();
         assert_eq!(Record::decode(&enc[..20]), None);
         assert_eq!(Record::decode(b""), None);
@@ -1023,6 +1026,19 @@ mod tests {
                 unfiltered: false,
                 selector: ("app=web".into(), String::new()),
             })
+        );
+        // Gone from an unfiltered list: deleted. Gone from a filtered one: maybe only out
+        // of the selection, which the pool must not take for a deletion.
+        let tombstones: Vec<(String, bool)> = s
+            .scan(&prefix("node", "/v1/pods", None, None))
+            .unwrap()
+            .into_iter()
+            .filter(|(_, r)| r.deleted)
+            .map(|(k, r)| (format!("{}/{}", k.namespace, k.name), r.left_selection))
+            .collect();
+        assert_eq!(
+            tombstones,
+            vec![("ns1/b".into(), false), ("ns10/c".into(), true)]
         );
         std::fs::remove_dir_all(dir).unwrap();
     }

@@ -38,7 +38,7 @@ use crate::{
         Cache,
         objects::Item,
         serve::{FROM_COORDINATOR, FROM_POOL_LEADER, answer_from},
-        store,
+        store::{self, ObjectKey, Record},
     },
     config::Config,
     proxy::request::RequestInfo,
@@ -136,6 +136,27 @@ struct Set {
     live: Vec<Item>,
     /// Tombstones: objects the node saw deleted (with the deletion's resourceVersion).
     deleted: Vec<Item>,
+}
+
+/// The node's cached records grouped by (component, gvr) as the pool sees them: secrets
+/// stay on the node; GET-only objects written before `aged_before` have aged out; a
+/// tombstone only says "deleted" when the cloud deleted the object — one a filtered list
+/// left behind (the object may just have left the selection) is neither held nor deleted,
+/// so its key is only released.
+fn sets_of(records: Vec<(ObjectKey, Record)>, aged_before: u64) -> HashMap<(String, String), Set> {
+    let mut sets: HashMap<(String, String), Set> = HashMap::new();
+    for (key, rec) in records {
+        if NEVER_PUSHED.contains(&key.gvr.as_str()) || rec.one_off && rec.stored_at < aged_before {
+            continue;
+        }
+        let set = sets.entry((key.component, key.gvr)).or_default();
+        match (rec.deleted, rec.left_selection) {
+            (false, _) => set.live.push(rec.item),
+            (true, false) => set.deleted.push(rec.item),
+            (true, true) => {}
+        }
+    }
+    sets
 }
 
 /// (group, version, resource) of a `group/version/resource` name (`/v1/pods` for core).
@@ -433,21 +454,7 @@ impl Pool {
         // Objects only a GET brought, unchanged for longer than the TTL, leave the pool
         // (the node's own cache keeps them).
         let ttl = self.config.coordinator.get_object_ttl_seconds;
-        let aged_before = store::now().saturating_sub(ttl);
-        let mut sets: HashMap<(String, String), Set> = HashMap::new();
-        for (key, rec) in records {
-            if NEVER_PUSHED.contains(&key.gvr.as_str())
-                || rec.one_off && rec.stored_at < aged_before
-            {
-                continue;
-            }
-            let set = sets.entry((key.component, key.gvr)).or_default();
-            if rec.deleted {
-                set.deleted.push(rec.item);
-            } else {
-                set.live.push(rec.item);
-            }
-        }
+        let mut sets = sets_of(records, store::now().saturating_sub(ttl));
         // Sets that emptied are pushed as empty sets, so their keys are released too.
         for k in pushed.keys() {
             sets.entry(k.clone()).or_default();
@@ -658,5 +665,57 @@ impl Pool {
             ));
         }
         answer_from(source, items, rv, info, query, accept)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::objects::Encoding;
+
+    fn record(gvr: &str, name: &str, deleted: bool, left_selection: bool) -> (ObjectKey, Record) {
+        let item = Item {
+            name: name.into(),
+            namespace: "default".into(),
+            rv: 7,
+            labels: vec![],
+            fields: vec![],
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            encoding: Encoding::Json,
+            body: b"{}".to_vec(),
+        };
+        let key = ObjectKey {
+            credential: "node".into(),
+            gvr: gvr.into(),
+            namespace: "default".into(),
+            name: name.into(),
+            component: "kubelet".into(),
+        };
+        let mut rec = Record::live(item, false, 100);
+        rec.deleted = deleted;
+        rec.left_selection = left_selection;
+        (key, rec)
+    }
+
+    #[test]
+    fn only_cloud_deletions_are_pushed_as_deletions() {
+        let mut aged = record("/v1/pods", "got-once", false, false);
+        aged.1.one_off = true;
+        let sets = sets_of(
+            vec![
+                record("/v1/pods", "live", false, false),
+                record("/v1/pods", "deleted", true, false),
+                record("/v1/pods", "relabelled", true, true),
+                record("/v1/secrets", "token", false, false),
+                aged,
+            ],
+            200,
+        );
+        assert_eq!(sets.len(), 1, "secrets never leave the node");
+        let pods = &sets[&("kubelet".to_string(), "/v1/pods".to_string())];
+        let names = |items: &[Item]| items.iter().map(|i| i.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&pods.live), ["live"]);
+        assert_eq!(names(&pods.deleted), ["deleted"]);
     }
 }
