@@ -18,9 +18,8 @@ fn deploy(file: &str) -> PathBuf {
 
 #[test]
 fn configmap_config_passes_hub_validation() {
-    let text = std::fs::read_to_string(deploy("hub.yaml")).unwrap();
-    let config = serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+    let config = documents("hub.yaml")
+        .into_iter()
         .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "hub-config")
         .expect("the hub-config ConfigMap");
     let hub_yaml = config["data"]["hub.yaml"].as_str().expect("data.hub.yaml");
@@ -38,6 +37,62 @@ fn configmap_config_passes_hub_validation() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("config ok"));
+}
+
+fn documents(file: &str) -> Vec<serde_yaml::Value> {
+    let text = std::fs::read_to_string(deploy(file)).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+        .collect()
+}
+
+/// The pool leader lists and watches the pool-scope resources with its node's identity:
+/// the RBAC must grant exactly that to the nodes' group, for every pool-scope resource of
+/// the ConfigMap (the default system:node role does not cover endpointslices).
+#[test]
+fn nodes_may_list_and_watch_every_pool_scope_resource() {
+    let docs = documents("hub.yaml");
+    let find = |kind: &str, name: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{kind} {name} in deploy/hub.yaml"))
+    };
+    let binding = find("ClusterRoleBinding", "hub:pool-leader");
+    assert_eq!(binding["subjects"][0]["kind"], "Group");
+    assert_eq!(binding["subjects"][0]["name"], "system:nodes");
+    let role = find("ClusterRole", binding["roleRef"]["name"].as_str().unwrap());
+    let hub_yaml: serde_yaml::Value = serde_yaml::from_str(
+        find("ConfigMap", "hub-config")["data"]["hub.yaml"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let scope = hub_yaml["coordinator"]["poolScopeResources"]
+        .as_sequence()
+        .expect("poolScopeResources");
+    assert!(!scope.is_empty());
+    for gvr in scope {
+        // "group/version/resource", the core group empty.
+        let gvr = gvr.as_str().unwrap();
+        let (group, resource) = (
+            gvr.split('/').next().unwrap(),
+            gvr.rsplit('/').next().unwrap(),
+        );
+        let allowed = role["rules"].as_sequence().unwrap().iter().any(|rule| {
+            let has = |field: &str, want: &str| {
+                rule[field]
+                    .as_sequence()
+                    .is_some_and(|v| v.iter().any(|x| x == want))
+            };
+            has("apiGroups", group)
+                && has("resources", resource)
+                && has("verbs", "list")
+                && has("verbs", "watch")
+        });
+        assert!(allowed, "nodes cannot list/watch {gvr}: {role:?}");
+    }
+    let account = find("ServiceAccount", "hub");
+    assert_eq!(account["automountServiceAccountToken"], false);
 }
 
 #[test]
@@ -63,7 +118,8 @@ fn manifests_pass_a_server_side_dry_run() {
     for what in [
         "daemonset.apps/hub",
         "statefulset.apps/hub-coordinator",
-        "clusterrole.rbac.authorization.k8s.io/hub",
+        "clusterrole.rbac.authorization.k8s.io/hub:pool-leader",
+        "clusterrolebinding.rbac.authorization.k8s.io/hub:pool-leader",
         "configmap/hub-config",
     ] {
         assert!(stdout.contains(what), "{what} missing from:\n{stdout}");

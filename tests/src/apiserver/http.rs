@@ -228,6 +228,23 @@ pub fn valid_name(name: &str) -> bool {
         })
 }
 
+/// Why `name` is not a valid name for `r`'s kind. RBAC objects follow kube-apiserver's
+/// looser path-segment rule (`system:node` is a ClusterRole), everything else RFC 1123.
+fn name_problem(r: &Resource, name: &str) -> Option<String> {
+    if r.group == "rbac.authorization.k8s.io" {
+        return if name == "." || name == ".." {
+            Some(format!("may not be '{name}'"))
+        } else if let Some(c) = ['/', '%'].into_iter().find(|c| name.contains(*c)) {
+            Some(format!("may not contain '{c}'"))
+        } else if name.is_empty() || name.contains('\0') {
+            Some("must be a non-empty name without NUL".into())
+        } else {
+            None
+        };
+    }
+    (!valid_name(name)).then(|| "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character".into())
+}
+
 fn invalid(r: &Resource, name: &str, field: &str, message: &str) -> Response<Body> {
     status_error(
         StatusCode::UNPROCESSABLE_ENTITY,
@@ -770,14 +787,12 @@ pub fn create(
             }
         }
     }
-    if !valid_name(&name) {
+    if let Some(problem) = name_problem(r, &name) {
         return invalid(
             r,
             &name,
             "metadata.name",
-            &format!(
-                "Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
-            ),
+            &format!("Invalid value: \"{name}\": {problem}"),
         );
     }
     if let Err(e) = namespace_exists(state, t) {
