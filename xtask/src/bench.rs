@@ -84,6 +84,8 @@ fn intercept(rounds: usize) -> Result<()> {
 /// The client component the benchmarks speak as; hubs cache it, so answers through the hub
 /// are also written to its cache (caching on, as in production).
 pub const COMPONENT: &str = "bench-client";
+/// The node of the stack's own hub.
+const BENCH_NODE: &str = "bench-node";
 
 pub type Http = hyper_util::client::legacy::Client<
     hub::upstream::connect::MarkedConnector,
@@ -117,15 +119,17 @@ impl Stack {
         let cloud_port = free_port();
         let mut cmd =
             std::process::Command::new(hub_tests::bin_dir().join("../release/hub-apiserver"));
+        // bench-node first: its PKI goes to the directory's top, others' to DIR/NODE.
         cmd.args(["--listen", &format!("127.0.0.1:{cloud_port}")])
+            .args(["--hub-pki", BENCH_NODE])
             .args(standin_args)
-            .args(["--hub-pki", "bench-node", "--dir"])
+            .arg("--dir")
             .arg(dir.path());
         let standin =
             Proc::spawn_until_line(cmd, "hub-apiserver", "ready", Duration::from_secs(60));
-        let (yaml, admin, via) = hub_config(dir.path(), cloud_port, "cache", "");
+        let (yaml, admin, via) = hub_config(dir.path(), BENCH_NODE, cloud_port, "cache", "");
         let hub = HubProc::start_yaml(None, &admin, None, |_, _| yaml.clone());
-        let client = http_client(dir.path(), false)?;
+        let client = http_client(dir.path(), None)?;
         Ok(Stack {
             standin,
             hub,
@@ -139,55 +143,70 @@ impl Stack {
         })
     }
 
-    /// Another hub in front of the same stand-in, with its own cache directory `name` and
-    /// `extra` top-level YAML (a pool, say); returns it and its `https://` address.
-    pub fn start_hub(&self, name: &str, extra: &str) -> (HubProc, String) {
-        let (yaml, admin, via) = hub_config(self._dir.path(), self.cloud_port, name, extra);
+    /// Another hub in front of the same stand-in, for `node` (given to the stand-in as
+    /// `--hub-pki NODE`), with its own cache directory `name` and `extra` top-level YAML
+    /// (a pool, say); returns it and its `https://` address.
+    pub fn start_hub(&self, name: &str, node: &str, extra: &str) -> (HubProc, String) {
+        let (yaml, admin, via) = hub_config(self._dir.path(), node, self.cloud_port, name, extra);
         (HubProc::start_yaml(None, &admin, None, |_, _| yaml), via)
     }
 
-    /// An HTTP/2 client trusting the stand-in's CA; with `as_node`, presenting the
-    /// kubelet-style node certificate (the hub then speaks as the node).
-    pub fn client(&self, as_node: bool) -> Result<Http> {
-        http_client(self._dir.path(), as_node)
+    /// An HTTP/2 client trusting the stand-in's CA; with `kubelet_of`, presenting that
+    /// node's kubelet-style certificate (its hub then speaks as the node).
+    pub fn client(&self, kubelet_of: Option<&str>) -> Result<Http> {
+        http_client(self._dir.path(), kubelet_of)
     }
 }
 
-/// A hub config on fresh loopback ports: (YAML, admin address, `https://` address).
+/// A hub config for `node` on fresh loopback ports: (YAML, admin address, `https://`
+/// address). Its certificates are the ones the stand-in wrote for the node.
 fn hub_config(
     dir: &std::path::Path,
+    node: &str,
     cloud_port: u16,
     cache: &str,
     extra: &str,
 ) -> (String, String, String) {
     use hub_tests::ports::free_port;
-    let p = |f: &str| dir.join(f);
+    let pki = pki_dir(dir, node);
+    let p = |f: &str| pki.join(f);
     let (tls_port, admin_port, plain_port) = (free_port(), free_port(), free_port());
     let admin = format!("127.0.0.1:{admin_port}");
     let yaml = format!(
-        "nodeName: bench-node\ncloud:\n  servers: [\"https://127.0.0.1:{cloud_port}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\n  clientCaFile: {}\ncache:\n  dir: {}\n  components: [{COMPONENT}]\n{extra}",
+        "nodeName: {node}\ncloud:\n  servers: [\"https://127.0.0.1:{cloud_port}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\n  clientCaFile: {}\ncache:\n  dir: {}\n  components: [{COMPONENT}]\n{extra}",
         p("ca.crt").display(),
         p("hub-node.crt").display(),
         p("hub-node.key").display(),
         p("hub-serving.crt").display(),
         p("hub-serving.key").display(),
         p("ca.crt").display(),
-        p(cache).display()
+        dir.join(cache).display()
     );
     (yaml, admin, format!("https://127.0.0.1:{tls_port}"))
 }
 
-fn http_client(dir: &std::path::Path, as_node: bool) -> Result<Http> {
+/// Where the stand-in wrote `node`'s certificates.
+fn pki_dir(dir: &std::path::Path, node: &str) -> std::path::PathBuf {
+    if node == BENCH_NODE {
+        dir.to_path_buf()
+    } else {
+        dir.join(node)
+    }
+}
+
+fn http_client(dir: &std::path::Path, kubelet_of: Option<&str>) -> Result<Http> {
     use hub::upstream::identity;
     let roots = identity::roots(&std::fs::read(dir.join("ca.crt"))?, "stand-in CA")?;
-    let node = if as_node {
-        Some(identity::identity_from_pem(
-            &std::fs::read(dir.join("kubelet.crt"))?,
-            &std::fs::read(dir.join("kubelet.key"))?,
-            "kubelet certificate",
-        )?)
-    } else {
-        None
+    let node = match kubelet_of {
+        Some(node) => {
+            let pki = pki_dir(dir, node);
+            Some(identity::identity_from_pem(
+                &std::fs::read(pki.join("kubelet.crt"))?,
+                &std::fs::read(pki.join("kubelet.key"))?,
+                "kubelet certificate",
+            )?)
+        }
+        None => None,
     };
     let tls = identity::client_config(&roots, node.as_ref(), &[b"h2"])?;
     Ok(

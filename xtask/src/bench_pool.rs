@@ -28,25 +28,36 @@ fn wait_pods(etcd: &EtcdCluster, n: usize, since: Instant) -> Result<Duration> {
     bail!("the coordinator did not reach {n} pods within 60 s")
 }
 
+/// `--hub-pki NODE` for each name: the stand-in writes each hub its own node identity.
+fn identities(names: &[String]) -> Vec<&str> {
+    names
+        .iter()
+        .flat_map(|n| ["--hub-pki", n.as_str()])
+        .collect()
+}
+
 pub fn pool() -> Result<()> {
     let mut etcd = EtcdCluster::start(1);
-    let stack = Stack::start(
-        "bpl",
-        &[
-            "--nodes",
-            &NODES.to_string(),
-            "--pods-per-node",
-            &PODS.to_string(),
-        ],
-    )?;
+    // Each hub speaks for its own node, as in a real pool: its own membership, sets and
+    // identity at the cloud.
+    let nodes: Vec<String> = (0..NODES).map(|i| format!("node-{i}")).collect();
+    let (node_count, pod_count) = (NODES.to_string(), PODS.to_string());
+    let mut args = vec!["--nodes", &node_count, "--pods-per-node", &pod_count];
+    args.extend(identities(&nodes));
+    let stack = Stack::start("bpl", &args)?;
     let pool = format!(
         "poolName: bench\ncoordinator:\n  endpoints: [\"{}\"]\n",
         etcd.endpoints()[0]
     );
-    let hubs: Vec<_> = (0..NODES)
-        .map(|i| stack.start_hub(&format!("pool-cache-{i}"), &pool))
+    let hubs: Vec<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| stack.start_hub(&format!("pool-cache-{i}"), node, &pool))
         .collect();
-    let client = stack.client(true)?;
+    let kubelets = nodes
+        .iter()
+        .map(|n| stack.client(Some(n)))
+        .collect::<Result<Vec<_>>>()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -62,7 +73,7 @@ pub fn pool() -> Result<()> {
                 "application/vnd.kubernetes.protobuf, application/json",
             )
             .body(Empty::<Bytes>::new().map_err(|n| match n {}).boxed())?;
-            let resp = client.request(req).await?;
+            let resp = kubelets[i].request(req).await?;
             anyhow::ensure!(resp.status().is_success(), "list: {}", resp.status());
             resp.into_body().collect().await?;
         }
@@ -179,10 +190,16 @@ const POOL_SCOPE: [&str; 3] = [
 /// followers read the coordinator). Returns (open cloud watches, cloud bytes for one
 /// endpointslice change) per mode.
 fn leader_path(nodes: usize) -> Result<[(u64, u64); 2]> {
-    let stack = Stack::start("bpw", &["--services", "50", "--bookmark-ms", "3600000"])?;
+    let names: Vec<String> = (0..nodes).map(|i| format!("watcher-{i}")).collect();
+    let mut args = vec!["--services", "50", "--bookmark-ms", "3600000"];
+    args.extend(identities(&names));
+    let stack = Stack::start("bpw", &args)?;
     let etcd = EtcdCluster::start(1);
-    let admin = stack.client(false)?;
-    let client = stack.client(true)?;
+    let admin = stack.client(None)?;
+    let kube_proxies = names
+        .iter()
+        .map(|n| stack.client(Some(n)))
+        .collect::<Result<Vec<_>>>()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -197,8 +214,10 @@ fn leader_path(nodes: usize) -> Result<[(u64, u64); 2]> {
         } else {
             String::new()
         };
-        let hubs: Vec<_> = (0..nodes)
-            .map(|i| stack.start_hub(&format!("watch-{mode}-{i}"), &extra))
+        let hubs: Vec<_> = names
+            .iter()
+            .enumerate()
+            .map(|(i, node)| stack.start_hub(&format!("watch-{mode}-{i}"), node, &extra))
             .collect();
         if with_pool {
             let since = Instant::now();
@@ -244,6 +263,7 @@ fn leader_path(nodes: usize) -> Result<[(u64, u64); 2]> {
                             .header("Accept", "application/json")
                             .body(Empty::<Bytes>::new().map_err(|n| match n {}).boxed())
                     };
+                    let client = &kube_proxies[i];
                     let list = client.request(get(String::new())?).await?;
                     anyhow::ensure!(list.status().is_success(), "list {path}: {}", list.status());
                     let body = list.into_body().collect().await?.to_bytes();
