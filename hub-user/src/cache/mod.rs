@@ -254,7 +254,14 @@ impl Cache {
                     field_selector: serve::param(query, "fieldSelector"),
                     continue_from: Some(serve::param(query, "continue")).filter(|c| !c.is_empty()),
                 },
-                "watch" => TargetKind::Watch,
+                "watch" => TargetKind::Watch {
+                    // Unparsable selectors are the cloud's to refuse; assume the worst.
+                    selection_may_change: select::Selector::parse(
+                        &serve::param(query, "labelSelector"),
+                        &serve::param(query, "fieldSelector"),
+                    )
+                    .map_or(true, |s| !s.membership_is_permanent()),
+                },
                 _ => return resp,
             }
         };
@@ -269,7 +276,7 @@ impl Cache {
         let writer = self.writer.clone();
         resp.map(move |body| {
             match target.kind {
-                TargetKind::Watch => tee::Tee::events(body, target, writer),
+                TargetKind::Watch { .. } => tee::Tee::events(body, target, writer),
                 _ => tee::Tee::whole(body, target, writer),
             }
             .boxed()

@@ -163,6 +163,19 @@ impl Selector {
         self.labels.is_empty() && self.fields.is_empty()
     }
 
+    /// True when an object can only stop matching by being deleted: no label requirement
+    /// (labels change) and only `field=value` on fields that never change once set —
+    /// kubelet's `spec.nodeName=<node>` (a bound pod is never moved), names, namespaces.
+    /// An object a list under such a selector no longer returns was deleted.
+    pub fn membership_is_permanent(&self) -> bool {
+        const IMMUTABLE: [&str; 3] = ["metadata.name", "metadata.namespace", "spec.nodeName"];
+        self.labels.is_empty()
+            && self
+                .fields
+                .iter()
+                .all(|f| f.equal && !f.value.is_empty() && IMMUTABLE.contains(&f.field.as_str()))
+    }
+
     /// The field names it uses (each must be one the cache indexes for the resource).
     pub fn field_names(&self) -> impl Iterator<Item = &str> {
         self.fields.iter().map(|f| f.field.as_str())
@@ -242,6 +255,21 @@ mod tests {
         assert!(m("spec.nodeName=n1,metadata.name==p"));
         assert!(m("status.phase="), "a field the object lacks is empty");
         assert!(!m("status.phase=Running"));
+    }
+
+    #[test]
+    fn only_deletion_ends_membership_of_immutable_equalities() {
+        let permanent = |l: &str, f: &str| Selector::parse(l, f).unwrap().membership_is_permanent();
+        assert!(permanent("", ""));
+        assert!(permanent("", "spec.nodeName=edge-1"));
+        assert!(permanent("", "metadata.namespace=default,metadata.name=a"));
+        assert!(!permanent("app=web", ""), "labels change");
+        assert!(!permanent("", "status.phase=Running"), "phases change");
+        assert!(
+            !permanent("", "spec.nodeName="),
+            "unscheduled pods get bound"
+        );
+        assert!(!permanent("", "spec.nodeName!=edge-1"), "so do these");
     }
 
     #[test]

@@ -139,9 +139,9 @@ pub struct Record {
     /// Written by a GET answer and by no list or watch since: the pool lets such objects
     /// age out of the coordinator (the node's cache keeps them).
     pub one_off: bool,
-    /// A tombstone a selector-filtered list left: the object is gone from that selection
-    /// but may well exist (its labels or fields changed), so the pool is not told it was
-    /// deleted — that would block other hubs' current copies of it.
+    /// A tombstone a selector-filtered list left where the object may well still exist
+    /// (its labels or a mutable field moved it out of the selection), so the pool is not
+    /// told it was deleted — that would block other hubs' current copies of it.
     pub left_selection: bool,
     /// Unix seconds when it was written.
     pub stored_at: u64,
@@ -278,7 +278,12 @@ pub enum Write {
         one_off: bool,
     },
     /// A watch DELETED: a tombstone, unless the store has something fresher.
-    Delete { key: ObjectKey, item: Item },
+    /// `left_selection`: the deletion may only mean the object left a watch's selection.
+    Delete {
+        key: ObjectKey,
+        item: Item,
+        left_selection: bool,
+    },
     /// A complete LIST: the component's objects in that namespace (all, if empty) that the
     /// selector matches are replaced by `items`, atomically.
     ReplaceList {
@@ -520,7 +525,11 @@ impl Store {
                             .map_err(db_err)?;
                         applied.written += 1;
                     }
-                    Write::Delete { key, item } => {
+                    Write::Delete {
+                        key,
+                        item,
+                        left_selection,
+                    } => {
                         let k = key.encode();
                         // Stale only if the store holds something newer than the deletion.
                         let old = stored(&objects, &k)?;
@@ -528,7 +537,8 @@ impl Store {
                             applied.stale += 1;
                             continue;
                         }
-                        let rec = tombstone(item, now);
+                        let mut rec = tombstone(item, now);
+                        rec.left_selection = left_selection;
                         objects
                             .insert(k.as_slice(), rec.encode().as_slice())
                             .map_err(db_err)?;
@@ -804,7 +814,7 @@ fn replace_list(
         let mut gone = old.item;
         gone.rv = rv;
         let mut rec = tombstone(gone, now);
-        rec.left_selection = !selector.is_empty();
+        rec.left_selection = !selector.membership_is_permanent();
         objects
             .insert(k.as_slice(), rec.encode().as_slice())
             .map_err(db_err)?;
@@ -934,9 +944,12 @@ mod tests {
         s.apply(vec![Write::Delete {
             key: key("d", "a", "kubelet"),
             item: item("d", "a", 8, "web"),
+            left_selection: true,
         }])
         .unwrap();
         assert!(live(&s).is_empty());
+        let stored = s.scan(&prefix("node", "/v1/pods", None, None)).unwrap();
+        assert!(stored[0].1.deleted && stored[0].1.left_selection);
         // An event from before the deletion does not resurrect it.
         assert_eq!(s.apply(vec![up(7)]).unwrap().stale, 1);
         assert!(live(&s).is_empty());

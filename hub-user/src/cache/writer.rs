@@ -51,7 +51,11 @@ pub enum TargetKind {
         /// The `continue` token the client sent (a later page of a chunked list).
         continue_from: Option<String>,
     },
-    Watch,
+    Watch {
+        /// Its selector can stop matching an object that still exists (labels, mutable
+        /// fields): the cloud then sends DELETED for it, which is no proof of a deletion.
+        selection_may_change: bool,
+    },
     /// Discovery or /version, stored under its path and content type.
     Raw {
         path: String,
@@ -253,6 +257,12 @@ fn prepare(op: Op, staged: &mut HashMap<String, Staged>) -> Result<Vec<Write>, R
                 (EventType::Deleted, Some(item)) => vec![Write::Delete {
                     key: key(&target, &item),
                     item,
+                    left_selection: matches!(
+                        target.kind,
+                        TargetKind::Watch {
+                            selection_may_change: true
+                        }
+                    ),
                 }],
                 _ => vec![],
             })
@@ -274,7 +284,7 @@ fn prepare(op: Op, staged: &mut HashMap<String, Staged>) -> Result<Vec<Write>, R
                         one_off: true,
                     }])
                 }
-                TargetKind::Watch => Ok(vec![]),
+                TargetKind::Watch { .. } => Ok(vec![]),
                 TargetKind::List { continue_from, .. } => {
                     let page = objects::parse_list(&target.resource, target.encoding, &body)
                         .map_err(|e| err(&target, e))?;
