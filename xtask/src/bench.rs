@@ -16,10 +16,11 @@ pub fn run(what: &str, rounds: usize) -> Result<()> {
         "proxy" => crate::bench_proxy::proxy(rounds),
         "cache" => crate::bench_cache::cache(rounds),
         "pool" => crate::bench_pool::pool(),
+        "pool-scale" => crate::bench_pool::scale(),
         "coordinator" => crate::bench_coordinator::coordinator(rounds),
         other => {
             bail!(
-                "unknown benchmark `{other}` (available: intercept, proxy, cache, coordinator, pool)"
+                "unknown benchmark `{other}` (available: intercept, proxy, cache, coordinator, pool, pool-scale)"
             )
         }
     }

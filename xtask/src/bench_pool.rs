@@ -13,19 +13,194 @@ use http_body_util::{BodyExt, Empty};
 use hub_tests::etcd::EtcdCluster;
 use hyper::Request;
 
-use crate::bench::{COMPONENT, Stack};
+use hub_tests::hub::HubProc;
+
+use crate::bench::{COMPONENT, Http, Stack, rss_kib};
 
 const NODES: usize = 3;
 const PODS: usize = 3000;
 
 fn wait_pods(etcd: &EtcdCluster, n: usize, since: Instant) -> Result<Duration> {
-    while since.elapsed() < Duration::from_secs(60) {
-        if etcd.keys("/registry/pods/").len() >= n {
+    wait_pod_count(etcd, |have| have >= n, since, &format!("reach {n} pods"))
+}
+
+/// Waits until the coordinator's pod count satisfies `done`; the time since `since`.
+fn wait_pod_count(
+    etcd: &EtcdCluster,
+    done: impl Fn(usize) -> bool,
+    since: Instant,
+    what: &str,
+) -> Result<Duration> {
+    while since.elapsed() < Duration::from_secs(120) {
+        if done(etcd.keys("/registry/pods/").len()) {
             return Ok(since.elapsed());
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(50));
     }
-    bail!("the coordinator did not reach {n} pods within 60 s")
+    bail!("the coordinator did not {what} within 120 s")
+}
+
+/// The etcd's current revision (every write Txn adds one) and database size in bytes.
+fn etcd_state(etcd: &EtcdCluster) -> Result<(u64, u64)> {
+    let out = etcd
+        .etcdctl(&etcd.endpoints(), &["endpoint", "status", "-w", "json"])
+        .map_err(|e| anyhow::anyhow!("etcdctl endpoint status: {e}"))?;
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    let s = &v[0]["Status"];
+    Ok((
+        s["header"]["revision"].as_u64().unwrap_or(0),
+        s["dbSize"].as_u64().unwrap_or(0),
+    ))
+}
+
+/// `cargo xtask bench pool-scale`: a pool of SCALE_HUBS release hubs (each its own node
+/// with SCALE_PODS pods) on one etcd member. Measured: time until every node's pods are in
+/// the coordinator, and the etcd writes that took; writes while nothing changes (should
+/// be none); the re-push after a wipe; one hub killed: time until the leader's sweep has
+/// removed what only it held, and what the sweep counted.
+pub fn scale() -> Result<()> {
+    const SCALE_HUBS: usize = 100;
+    const SCALE_PODS: usize = 80;
+    const GRACE_S: u64 = 4;
+    let mut etcd = EtcdCluster::start(1);
+    let nodes: Vec<String> = (0..SCALE_HUBS).map(|i| format!("node-{i}")).collect();
+    let (node_count, pod_count) = (SCALE_HUBS.to_string(), SCALE_PODS.to_string());
+    let mut args = vec!["--nodes", &node_count, "--pods-per-node", &pod_count];
+    args.extend(identities(&nodes));
+    let stack = Stack::start("bps", &args)?;
+    let pool = format!(
+        "poolName: scale\ncoordinator:\n  endpoints: [\"{}\"]\n  gcIntervalSeconds: 1\n  nodeGraceSeconds: {GRACE_S}\n  leaderLeaseSeconds: 3\n",
+        etcd.endpoints()[0]
+    );
+    let started = Instant::now();
+    let mut hubs: Vec<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| stack.start_hub(&format!("scale-{i}"), node, &pool))
+        .collect();
+    let start_s = started.elapsed().as_secs_f64();
+    let kubelets = nodes
+        .iter()
+        .map(|n| stack.client(Some(n)))
+        .collect::<Result<Vec<_>>>()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let total = SCALE_HUBS * SCALE_PODS;
+    let (rev0, _) = etcd_state(&etcd)?;
+    let listed = Instant::now();
+    rt.block_on(kubelet_lists(&hubs, &kubelets))?;
+    let first = wait_pods(&etcd, total, listed)?;
+    // Let the pushes that follow the last one settle, then count writes over a quiet spell.
+    std::thread::sleep(Duration::from_secs(3));
+    let (rev1, db1) = etcd_state(&etcd)?;
+    const QUIET: Duration = Duration::from_secs(20);
+    std::thread::sleep(QUIET);
+    let (rev2, _) = etcd_state(&etcd)?;
+    let leaders = |hubs: &[(HubProc, String)]| {
+        hubs.iter()
+            .filter(|(h, _)| h.status()["coordinator"]["role"] == "leader")
+            .count()
+    };
+    let leaders_quiet = leaders(&hubs);
+    let rss: Vec<u64> = hubs
+        .iter()
+        .filter_map(|(h, _)| rss_kib(h.proc.pid()))
+        .collect();
+    let rss_mean = rss.iter().sum::<u64>() as f64 / rss.len().max(1) as f64 / 1024.0;
+
+    etcd.wipe_member(0);
+    let wiped = Instant::now();
+    let again = wait_pods(&etcd, total, wiped)?;
+    let (rev3, _) = etcd_state(&etcd)?;
+
+    // Wait for a leader again (its sweep is what removes a dead hub's keys).
+    let since = Instant::now();
+    while leaders(&hubs) != 1 {
+        anyhow::ensure!(
+            since.elapsed() < Duration::from_secs(30),
+            "no leader after the wipe"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Kill a follower with -9: no goodbye, only its membership lease runs out.
+    let victim = hubs
+        .iter()
+        .position(|(h, _)| h.status()["coordinator"]["role"] == "follower")
+        .ok_or_else(|| anyhow::anyhow!("no follower"))?;
+    let (mut dead, _) = hubs.remove(victim);
+    dead.proc.kill9();
+    let killed = Instant::now();
+    let swept = wait_pod_count(
+        &etcd,
+        |have| have == total - SCALE_PODS,
+        killed,
+        "sweep the killed hub's pods",
+    )?;
+    let leader_gc = hubs
+        .iter()
+        .find(|(h, _)| h.status()["coordinator"]["role"] == "leader")
+        .map(|(h, _)| h.status()["coordinator"]["gc"].clone())
+        .unwrap_or_default();
+
+    println!(
+        "bench pool-scale: {SCALE_HUBS} release hubs (one node each) × {SCALE_PODS} pods, one etcd member, on this 2-core machine"
+    );
+    println!("{:<60} {:>12}", "metric", "value");
+    let line = |m: &str, v: String| println!("{m:<60} {v:>12}");
+    line("hubs started and ready", format!("{start_s:.1} s"));
+    line(
+        &format!("lists answered -> all {total} pods in the coordinator"),
+        format!("{:.0} ms", first.as_secs_f64() * 1e3),
+    );
+    line(
+        "etcd writes (revisions) for that first push",
+        (rev1 - rev0).to_string(),
+    );
+    line(
+        "etcd database size after it",
+        format!("{:.1} MiB", db1 as f64 / 1048576.0),
+    );
+    line(
+        &format!(
+            "etcd writes over {} s with nothing changing",
+            QUIET.as_secs()
+        ),
+        (rev2 - rev1).to_string(),
+    );
+    line("leaders in the pool", leaders_quiet.to_string());
+    line("hub RSS, mean", format!("{rss_mean:.1} MiB"));
+    line(
+        "coordinator wiped -> all pods re-pushed",
+        format!("{:.0} ms", again.as_secs_f64() * 1e3),
+    );
+    line("etcd writes for the re-push", rev3.to_string());
+    line(
+        &format!("hub killed -> its pods swept (grace {GRACE_S} s)"),
+        format!("{:.1} s", swept.as_secs_f64()),
+    );
+    println!("  leader's sweep counters: {leader_gc}");
+    Ok(())
+}
+
+/// Each node's kubelet-style client lists its own node's pods (protobuf, as kubelet asks)
+/// through its node's hub, so every hub caches and pushes its node's pods.
+async fn kubelet_lists(hubs: &[(HubProc, String)], kubelets: &[Http]) -> Result<()> {
+    for (i, (_, via)) in hubs.iter().enumerate() {
+        let req = Request::get(format!(
+            "{via}/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-{i}"
+        ))
+        .header("User-Agent", format!("{COMPONENT}/1.0"))
+        .header(
+            "Accept",
+            "application/vnd.kubernetes.protobuf, application/json",
+        )
+        .body(Empty::<Bytes>::new().map_err(|n| match n {}).boxed())?;
+        let resp = kubelets[i].request(req).await?;
+        anyhow::ensure!(resp.status().is_success(), "list: {}", resp.status());
+        resp.into_body().collect().await?;
+    }
+    Ok(())
 }
 
 /// `--hub-pki NODE` for each name: the stand-in writes each hub its own node identity.
@@ -62,23 +237,7 @@ pub fn pool() -> Result<()> {
         .enable_all()
         .build()?;
     let listed = Instant::now();
-    rt.block_on(async {
-        for (i, (_, via)) in hubs.iter().enumerate() {
-            let req = Request::get(format!(
-                "{via}/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-{i}"
-            ))
-            .header("User-Agent", format!("{COMPONENT}/1.0"))
-            .header(
-                "Accept",
-                "application/vnd.kubernetes.protobuf, application/json",
-            )
-            .body(Empty::<Bytes>::new().map_err(|n| match n {}).boxed())?;
-            let resp = kubelets[i].request(req).await?;
-            anyhow::ensure!(resp.status().is_success(), "list: {}", resp.status());
-            resp.into_body().collect().await?;
-        }
-        anyhow::Ok(())
-    })?;
+    rt.block_on(kubelet_lists(&hubs, &kubelets))?;
     let first = wait_pods(&etcd, NODES * PODS, listed).inspect_err(|_| {
         for (hub, _) in &hubs {
             eprintln!("hub status: {}", hub.status()["coordinator"]);

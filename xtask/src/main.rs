@@ -23,7 +23,7 @@ commands:
   demo         the system end to end on this machine, in throwaway namespaces (root);
                --step pauses between steps
   bench WHAT   release-build benchmarks as ratios against direct, same run
-               (WHAT: intercept, proxy, cache, coordinator, pool); --rounds N";
+               (WHAT: intercept, proxy, cache, coordinator, pool, pool-scale); --rounds N";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
