@@ -807,6 +807,56 @@ mod tests {
         assert_eq!(v["metadata"]["resourceVersion"], "7");
     }
 
+    /// The pool holds pods pushed as JSON by one hub and as protobuf by another; a client
+    /// that takes only JSON gets the JSON ones and is told how many were left out.
+    #[test]
+    fn objects_held_only_in_another_encoding_are_counted_in_a_warning() {
+        let pod = |name: &str, encoding: Encoding| {
+            Item {
+            name: name.into(),
+            namespace: "default".into(),
+            rv: 5,
+            labels: vec![],
+            fields: vec![],
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            encoding,
+            body: match encoding {
+                Encoding::Json => format!(
+                    r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"default","resourceVersion":"5"}}}}"#
+                )
+                .into_bytes(),
+                Encoding::Protobuf => vec![0x0a, 0x00],
+            },
+        }
+        };
+        let info = RequestInfo::parse(&hyper::Method::GET, "/api/v1/pods", "");
+        let items = vec![
+            pod("a", Encoding::Json),
+            pod("b", Encoding::Protobuf),
+            pod("c", Encoding::Protobuf),
+        ];
+        let resp = answer_from(FROM_COORDINATOR, items, 9, &info, "", "application/json").unwrap();
+        let warning: String = resp
+            .headers()
+            .get_all("warning")
+            .iter()
+            .map(|w| w.to_str().unwrap())
+            .collect();
+        assert!(
+            warning.contains("2 cached objects were left out"),
+            "{warning}"
+        );
+        let v: serde_json::Value = serde_json::from_slice(&body_of(resp)).unwrap();
+        let names: Vec<&str> = v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["a"]);
+    }
+
     fn body_of(resp: Response<ProxyBody>) -> Bytes {
         tokio::runtime::Builder::new_current_thread()
             .build()
