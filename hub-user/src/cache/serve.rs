@@ -811,8 +811,7 @@ mod tests {
     /// that takes only JSON gets the JSON ones and is told how many were left out.
     #[test]
     fn objects_held_only_in_another_encoding_are_counted_in_a_warning() {
-        let pod = |name: &str, encoding: Encoding| {
-            Item {
+        let pod = |name: &str, encoding: Encoding| Item {
             name: name.into(),
             namespace: "default".into(),
             rv: 5,
@@ -822,13 +821,13 @@ mod tests {
             kind: "Pod".into(),
             encoding,
             body: match encoding {
-                Encoding::Json => format!(
-                    r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"default","resourceVersion":"5"}}}}"#
-                )
-                .into_bytes(),
+                Encoding::Json => serde_json::to_vec(&serde_json::json!({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": name, "namespace": "default", "resourceVersion": "5"},
+                }))
+                .unwrap(),
                 Encoding::Protobuf => vec![0x0a, 0x00],
             },
-        }
         };
         let info = RequestInfo::parse(&hyper::Method::GET, "/api/v1/pods", "");
         let items = vec![

@@ -139,9 +139,10 @@ pub struct Record {
     /// Written by a GET answer and by no list or watch since: the pool lets such objects
     /// age out of the coordinator (the node's cache keeps them).
     pub one_off: bool,
-    /// A tombstone a selector-filtered list left where the object may well still exist
-    /// (its labels or a mutable field moved it out of the selection), so the pool is not
-    /// told it was deleted — that would block other hubs' current copies of it.
+    /// A tombstone that may only mean the object left a selection — a filtered list no
+    /// longer returned it, or a watch under such a selector said DELETED — while it still
+    /// exists (its labels or a mutable field changed). The pool is not told it was
+    /// deleted: that would block other hubs' current copies of it.
     pub left_selection: bool,
     /// Unix seconds when it was written.
     pub stored_at: u64,

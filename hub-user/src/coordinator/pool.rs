@@ -140,9 +140,9 @@ struct Set {
 
 /// The node's cached records grouped by (component, gvr) as the pool sees them: secrets
 /// stay on the node; GET-only objects written before `aged_before` have aged out; a
-/// tombstone only says "deleted" when the cloud deleted the object — one a filtered list
-/// left behind (the object may just have left the selection) is neither held nor deleted,
-/// so its key is only released.
+/// tombstone only says "deleted" when the cloud deleted the object — one that may only
+/// mean the object left a selection is neither held nor deleted, so its key is only
+/// released.
 fn sets_of(records: Vec<(ObjectKey, Record)>, aged_before: u64) -> HashMap<(String, String), Set> {
     let mut sets: HashMap<(String, String), Set> = HashMap::new();
     for (key, rec) in records {
