@@ -62,27 +62,21 @@ pub fn scale() -> Result<()> {
     const SCALE_HUBS: usize = 100;
     const SCALE_PODS: usize = 80;
     const GRACE_S: u64 = 4;
-    let mut etcd = EtcdCluster::start(1);
-    let nodes: Vec<String> = (0..SCALE_HUBS).map(|i| format!("node-{i}")).collect();
-    let (node_count, pod_count) = (SCALE_HUBS.to_string(), SCALE_PODS.to_string());
-    let mut args = vec!["--nodes", &node_count, "--pods-per-node", &pod_count];
-    args.extend(identities(&nodes));
-    let stack = Stack::start("bps", &args)?;
-    let pool = format!(
-        "poolName: scale\ncoordinator:\n  endpoints: [\"{}\"]\n  gcIntervalSeconds: 1\n  nodeGraceSeconds: {GRACE_S}\n  leaderLeaseSeconds: 3\n",
-        etcd.endpoints()[0]
-    );
-    let started = Instant::now();
-    let mut hubs: Vec<_> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, node)| stack.start_hub(&format!("scale-{i}"), node, &pool))
-        .collect();
-    let start_s = started.elapsed().as_secs_f64();
-    let kubelets = nodes
-        .iter()
-        .map(|n| stack.client(Some(n)))
-        .collect::<Result<Vec<_>>>()?;
+    let NodePool {
+        mut etcd,
+        stack: _stack,
+        mut hubs,
+        kubelets,
+        hubs_ready,
+    } = node_pool(
+        "bps",
+        SCALE_HUBS,
+        SCALE_PODS,
+        &format!(
+            "poolName: scale\ncoordinator:\n  gcIntervalSeconds: 1\n  nodeGraceSeconds: {GRACE_S}\n  leaderLeaseSeconds: 3\n"
+        ),
+    )?;
+    let start_s = hubs_ready.as_secs_f64();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -211,28 +205,55 @@ fn identities(names: &[String]) -> Vec<&str> {
         .collect()
 }
 
-pub fn pool() -> Result<()> {
-    let mut etcd = EtcdCluster::start(1);
-    // Each hub speaks for its own node, as in a real pool: its own membership, sets and
-    // identity at the cloud.
-    let nodes: Vec<String> = (0..NODES).map(|i| format!("node-{i}")).collect();
-    let (node_count, pod_count) = (NODES.to_string(), PODS.to_string());
+/// A pool on one machine: one etcd member, a stand-in with `nodes` nodes (`node-<i>`) of
+/// `pods` pods each, and per node a release hub speaking for it — its own membership,
+/// sets and identity at the cloud, as in a real pool — and that node's kubelet-style
+/// client. `pool_yaml` is the hub's pool configuration; the etcd endpoint is added.
+struct NodePool {
+    etcd: EtcdCluster,
+    /// Kept for its processes and files; dropped last.
+    stack: Stack,
+    hubs: Vec<(HubProc, String)>,
+    kubelets: Vec<Http>,
+    hubs_ready: Duration,
+}
+
+fn node_pool(tag: &str, nodes: usize, pods: usize, pool_yaml: &str) -> Result<NodePool> {
+    let etcd = EtcdCluster::start(1);
+    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
+    let (node_count, pod_count) = (nodes.to_string(), pods.to_string());
     let mut args = vec!["--nodes", &node_count, "--pods-per-node", &pod_count];
-    args.extend(identities(&nodes));
-    let stack = Stack::start("bpl", &args)?;
-    let pool = format!(
-        "poolName: bench\ncoordinator:\n  endpoints: [\"{}\"]\n",
-        etcd.endpoints()[0]
-    );
-    let hubs: Vec<_> = nodes
+    args.extend(identities(&names));
+    let stack = Stack::start(tag, &args)?;
+    let pool = format!("{pool_yaml}  endpoints: [\"{}\"]\n", etcd.endpoints()[0]);
+    let started = Instant::now();
+    let hubs: Vec<_> = names
         .iter()
         .enumerate()
-        .map(|(i, node)| stack.start_hub(&format!("pool-cache-{i}"), node, &pool))
+        .map(|(i, node)| stack.start_hub(&format!("{tag}-{i}"), node, &pool))
         .collect();
-    let kubelets = nodes
+    let hubs_ready = started.elapsed();
+    let kubelets = names
         .iter()
         .map(|n| stack.client(Some(n)))
         .collect::<Result<Vec<_>>>()?;
+    Ok(NodePool {
+        etcd,
+        stack,
+        hubs,
+        kubelets,
+        hubs_ready,
+    })
+}
+
+pub fn pool() -> Result<()> {
+    let NodePool {
+        mut etcd,
+        stack: _stack,
+        hubs,
+        kubelets,
+        ..
+    } = node_pool("bpl", NODES, PODS, "poolName: bench\ncoordinator:\n")?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
