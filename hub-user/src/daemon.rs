@@ -271,9 +271,7 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
         (Some(c), Some(_)) if !config.coordinator.endpoints.is_empty() => {
             let pool = Arc::new(Pool::new(config.clone()));
             state.set_pool(pool.clone());
-            let probed = cloud.clone();
-            let cloud_healthy = Arc::new(move || probed.healthy());
-            tokio::spawn(pool.clone().run(c.clone(), cloud_healthy, stop_rx.clone()));
+            tokio::spawn(pool.clone().run(c.clone(), cloud.clone(), stop_rx.clone()));
             // While this hub leads the pool, it syncs the pool-scope resources for all.
             tokio::spawn(coordinator::leader::run(
                 pool.clone(),

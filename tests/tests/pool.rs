@@ -93,8 +93,14 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
     let empty_kubeconfig = dir.path().join("empty");
     std::fs::write(&empty_kubeconfig, "").unwrap();
 
-    // Each node's kubelet lists its own pods through its own hub.
+    // Each node's kubelet lists its own pods through its own hub; node 0's in protobuf, as
+    // a real kubelet does — kubectl, which reads only JSON, must still see its pods.
     let kubelet_list = |n: &Node, i: usize| {
+        let accept = if i == 0 {
+            "application/vnd.kubernetes.protobuf, application/json"
+        } else {
+            "application/json"
+        };
         let kubelet = Client::new(
             format!("127.0.0.1:{}", n.tls).parse().unwrap(),
             ca.cert_der(),
@@ -105,22 +111,25 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
             .request(
                 "GET",
                 &format!("/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-{i}"),
-                &[
-                    ("User-Agent", "kubelet/v1.32.0"),
-                    ("Accept", "application/json"),
-                ],
+                &[("User-Agent", "kubelet/v1.32.0"), ("Accept", accept)],
                 &[],
             )
             .unwrap();
         assert_eq!(r.status, 200);
+        assert_eq!(
+            r.header("content-type")
+                .is_some_and(|c| c.contains("protobuf")),
+            i == 0
+        );
     };
     for (i, n) in nodes.iter().enumerate() {
         kubelet_list(n, i);
     }
-    // Discovery through node 1's hub while online, as kubectl does on first use.
+    // Discovery through node 1's hub while online, as kubectl does on first use (not a
+    // pod list: the pods the pool shows later must come from the kubelets' pushes).
     let (ok, _, err) = kubectl(
         &empty_kubeconfig,
-        &[&plain_server, "get", "pods", "-A", "-o", "name"],
+        &[&plain_server, "get", "namespaces", "-o", "name"],
     );
     assert!(ok, "{err}");
     let all_six = wait_for(

@@ -40,6 +40,24 @@ fn wait_pod_count(
     bail!("the coordinator did not {what} within 120 s")
 }
 
+/// How many of the coordinator's pods are held as JSON (what every client accepts), of
+/// how many. etcdctl prints values in base64: `{"` is `eyJ`, protobuf's `k8s\0` is `azhz`.
+fn pods_as_json(etcd: &EtcdCluster) -> Result<(usize, usize)> {
+    let out = etcd
+        .etcdctl(
+            &etcd.endpoints(),
+            &["get", "/registry/pods/", "--prefix", "-w", "json"],
+        )
+        .map_err(|e| anyhow::anyhow!("etcdctl get: {e}"))?;
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    let values: Vec<&str> = v["kvs"]
+        .as_array()
+        .map(|kvs| kvs.iter().filter_map(|kv| kv["value"].as_str()).collect())
+        .unwrap_or_default();
+    let json = values.iter().filter(|b| b.starts_with("eyJ")).count();
+    Ok((json, values.len()))
+}
+
 /// The etcd's current revision (every write Txn adds one) and database size in bytes.
 fn etcd_state(etcd: &EtcdCluster) -> Result<(u64, u64)> {
     let out = etcd
@@ -85,6 +103,7 @@ pub fn scale() -> Result<()> {
     let listed = Instant::now();
     rt.block_on(kubelet_lists(&hubs, &kubelets))?;
     let first = wait_pods(&etcd, total, listed)?;
+    let (as_json, _) = pods_as_json(&etcd)?;
     // Let the pushes that follow the last one settle, then count writes over a quiet spell.
     std::thread::sleep(Duration::from_secs(3));
     let (rev1, db1) = etcd_state(&etcd)?;
@@ -150,6 +169,10 @@ pub fn scale() -> Result<()> {
     line(
         "etcd writes (revisions) for that first push",
         (rev1 - rev0).to_string(),
+    );
+    line(
+        "pods held as JSON (the kubelets read protobuf)",
+        as_json.to_string(),
     );
     line(
         "etcd database size after it",
@@ -266,9 +289,11 @@ pub fn pool() -> Result<()> {
         }
         eprintln!("pods in etcd: {}", etcd.keys("/registry/pods/").len());
     })?;
+    let (json_first, _) = pods_as_json(&etcd)?;
     etcd.wipe_member(0);
     let wiped = Instant::now();
     let again = wait_pods(&etcd, NODES * PODS, wiped)?;
+    let (json_again, _) = pods_as_json(&etcd)?;
     println!(
         "bench pool: {NODES} release hubs × {PODS} pods (protobuf, as kubelet asks), one etcd member"
     );
@@ -282,6 +307,10 @@ pub fn pool() -> Result<()> {
         "{:<56} {:>7.0} ms",
         "coordinator wiped -> all pods re-pushed (target 3000)",
         again.as_secs_f64() * 1e3
+    );
+    println!(
+        "{:<56} {json_first:>10} / {json_again}",
+        "pods held as JSON (first push / re-push)"
     );
     for (hub, _) in &hubs {
         let c = hub.status()["coordinator"].clone();

@@ -15,17 +15,16 @@ use std::{
 };
 
 use http_body_util::BodyExt;
-use hyper::{Request, StatusCode, header};
 use tokio::sync::watch;
 
 use super::{
+    json_copies::get_as_node,
     pool::{Pool, resource_of, split_gvr},
     storage::{Object, Resource, Storage, StorageError},
 };
 use crate::{
     cache::objects::{self, Encoding, EventType, Item},
-    proxy::forward::full,
-    upstream::cloud::{AsWho, Cloud},
+    upstream::cloud::Cloud,
 };
 
 pub const SYNCED_PREFIX: &str = "/hub/synced/";
@@ -153,31 +152,9 @@ impl Syncer {
         &self,
         path_and_query: &str,
     ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
-        let (resp, _) = self
-            .cloud
-            .send(AsWho::Node, |base| {
-                Request::builder()
-                    .uri(format!("{base}{path_and_query}"))
-                    .header(header::ACCEPT, "application/json")
-                    .header(header::USER_AGENT, USER_AGENT)
-                    .body(full(bytes::Bytes::new()))
-                    .ok()
-            })
+        get_as_node(&self.cloud, path_and_query, USER_AGENT)
             .await
-            .map_err(|e| e.to_string())?;
-        if resp.status() != StatusCode::OK {
-            let code = resp.status();
-            let body = http_body_util::Limited::new(resp.into_body(), 64 * 1024)
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            return Err(format!(
-                "the cloud answered {code}: {}",
-                String::from_utf8_lossy(&body)
-            ));
-        }
-        Ok(resp)
+            .map_err(|e| e.message)
     }
 
     /// Lists the resource from the cloud (all pages) and makes the coordinator hold it;

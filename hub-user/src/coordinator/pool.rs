@@ -12,7 +12,7 @@
 //! (`gc`, fed by each hub's membership key and set records), and followers read the
 //! pool-scope resources from the coordinator while the cloud is up (`watch` for watches).
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{
         Arc, Mutex, OnceLock,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -28,6 +28,7 @@ use tokio::sync::watch;
 use super::{
     election::{Election, Lease},
     gc::{self, GcStatus},
+    json_copies::{self, ForPush, JsonCopies},
     leader,
     owned::Owned,
     storage::{self, Limits, Object, Resource, Storage},
@@ -42,7 +43,7 @@ use crate::{
     },
     config::Config,
     proxy::request::RequestInfo,
-    upstream::cloud::ProxyBody,
+    upstream::{Cloud, cloud::ProxyBody},
 };
 
 /// The key whose value identifies one life of the coordinator: created by the first hub
@@ -400,6 +401,7 @@ impl Pool {
     async fn sync_once(
         &self,
         cache: &Cache,
+        json: &JsonCopies,
         pushed: &mut HashMap<(String, String), Fingerprint>,
         life: &mut Option<(String, u64)>,
         seen_generation: &mut Option<(u64, Instant)>,
@@ -459,8 +461,12 @@ impl Pool {
         for k in pushed.keys() {
             sets.entry(k.clone()).or_default();
         }
+        let held: HashSet<_> = sets
+            .iter()
+            .flat_map(|((_, gvr), set)| set.live.iter().map(|i| json_copies::id(gvr, i)))
+            .collect();
         let started = Instant::now();
-        let mut pushed_now = false;
+        let (mut pushed_now, mut retry) = (false, None);
         let (pool, node) = (self.pool_name(), self.config.node_name.clone());
         for ((component, gvr), set) in sets {
             let print = Fingerprint::of(&set.live);
@@ -471,6 +477,14 @@ impl Pool {
             }
             let Some(resource) = resource_of(&gvr) else {
                 continue;
+            };
+            // What JSON-only clients can read, where the cloud can give it.
+            let live = match json.for_push(&gvr, set.live).await {
+                ForPush::Ready(items) => items,
+                ForPush::Retry(e) => {
+                    retry = Some(e);
+                    continue;
+                }
             };
             let as_objects = |items: &[Item]| -> Vec<Object> {
                 items
@@ -491,7 +505,7 @@ impl Pool {
                 .push_set(
                     &component,
                     &resource,
-                    &as_objects(&set.live),
+                    &as_objects(&live),
                     &as_objects(&set.deleted),
                     names_changed.then_some(record.as_str()),
                 )
@@ -509,6 +523,11 @@ impl Pool {
             s.last_push_ms = started.elapsed().as_millis() as u64;
             s.last_error = None;
         }
+        json.keep_only(&held);
+        if let Some(e) = retry {
+            // Not marked as seen: the next round reads the cache again and retries.
+            return Err(e);
+        }
         *seen_generation = Some((generation, Instant::now()));
         Ok(())
     }
@@ -524,9 +543,10 @@ impl Pool {
     pub async fn run(
         self: Arc<Self>,
         cache: Arc<Cache>,
-        cloud_healthy: Arc<dyn Fn() -> bool + Send + Sync>,
+        cloud: Arc<Cloud>,
         mut stop: watch::Receiver<bool>,
     ) {
+        let json = JsonCopies::new(cloud.clone());
         let mut backoff = Duration::from_millis(200);
         // Hubs of a pool start together after a power cut: spread their first push.
         let jitter = Duration::from_millis(u64::from(store::now() as u32 % 500));
@@ -550,7 +570,7 @@ impl Pool {
             ));
             let _ = self.election.set(election.clone());
             let me = self.clone();
-            let eligible = Arc::new(move || cloud_healthy() && me.healthy());
+            let eligible = Arc::new(move || cloud.healthy() && me.healthy());
             tokio::spawn(election.run(eligible, stop.clone()));
             tokio::spawn(self.clone().probe_forever(client.clone(), stop.clone()));
             let c = &self.config.coordinator;
@@ -570,7 +590,7 @@ impl Pool {
                 None => Ok(()),
             };
             if let Err(e) = result.and(
-                self.sync_once(&cache, &mut pushed, &mut life, &mut generation)
+                self.sync_once(&cache, &json, &mut pushed, &mut life, &mut generation)
                     .await,
             ) {
                 self.set_error(e);
