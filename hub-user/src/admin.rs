@@ -240,7 +240,7 @@ pub fn render(s: &StatusReport) -> String {
         Some(c) => {
             let _ = writeln!(
                 out,
-                "coordinator:  pool {} {} ({}), epoch {}, {} full pushes, {} sets / {} objects pushed, {} older than the pool's dropped{}",
+                "coordinator:  pool {} {} ({}), epoch {}, {} full pushes, {} sets / {} objects pushed, {} older than the pool's dropped, {} JSON forms fetched, {} pushed in protobuf{}",
                 c.pool,
                 if c.healthy { "healthy" } else { "UNHEALTHY" },
                 c.endpoints.join(","),
@@ -249,6 +249,8 @@ pub fn render(s: &StatusReport) -> String {
                 c.lists_pushed,
                 c.objects_written,
                 c.stale_dropped,
+                c.json_fetched,
+                c.pushed_as_protobuf,
                 c.last_error
                     .as_ref()
                     .map(|e| format!(" (last error: {e})"))

@@ -162,6 +162,21 @@ impl Collector for PoolCollector {
                 s.stale_dropped,
             ),
             (
+                "json_fetched",
+                "JSON forms of protobuf objects fetched from the cloud for pushes",
+                s.json_fetched,
+            ),
+            (
+                "json_refused",
+                "Objects the cloud would not give in JSON (gone, forbidden)",
+                s.json_refused,
+            ),
+            (
+                "pushed_as_protobuf",
+                "Objects pushed in protobuf (JSON-only clients of the pool do not see them)",
+                s.pushed_as_protobuf,
+            ),
+            (
                 "leader_lists",
                 "Pool-scope lists the leader wrote",
                 s.leader_lists,

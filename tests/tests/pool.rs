@@ -144,6 +144,16 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
         all_six.contains(&"/registry/pods/default/pod-0-0".to_string()),
         "{all_six:?}"
     );
+    // Node 0's protobuf pods went to the pool in their JSON form, fetched from the cloud.
+    let c = nodes[0].hub.status()["coordinator"].clone();
+    assert!(c["json_fetched"].as_u64() >= Some(3), "{c}");
+    assert_eq!(c["pushed_as_protobuf"], 0, "{c}");
+    assert!(
+        nodes[0]
+            .hub
+            .admin_get("/metrics")
+            .contains("hub_coordinator_json_fetched_total"),
+    );
 
     // A pod deleted in the cloud leaves node 0's cache at its next list, then the pool.
     let pods = hub_tests::apiserver::resources::find("", "v1", "pods").unwrap();

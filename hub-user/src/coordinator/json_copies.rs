@@ -89,9 +89,19 @@ enum Copy {
 
 /// What a set's objects are pushed as.
 pub enum ForPush {
-    Ready(Vec<Item>),
+    Ready(Ready),
     /// The cloud did not answer for some: push the set next round.
     Retry(String),
+}
+
+pub struct Ready {
+    pub items: Vec<Item>,
+    /// JSON forms fetched from the cloud for this push.
+    pub fetched: u64,
+    /// Objects the cloud would not give (gone, forbidden), so pushed in protobuf.
+    pub refused: u64,
+    /// Objects pushed in protobuf, for whatever reason (also: the cloud is down).
+    pub protobuf: u64,
 }
 
 pub struct JsonCopies {
@@ -124,14 +134,15 @@ impl JsonCopies {
                 .map(|(n, _)| n)
                 .collect()
         };
-        if !wanted.is_empty()
-            && self.cloud.healthy()
-            && let Err(e) = self.fetch(gvr, &items, &wanted).await
-        {
-            return ForPush::Retry(e);
+        let (mut fetched, mut refused) = (0, 0);
+        if !wanted.is_empty() && self.cloud.healthy() {
+            match self.fetch(gvr, &items, &wanted).await {
+                Ok(counts) => (fetched, refused) = counts,
+                Err(e) => return ForPush::Retry(e),
+            }
         }
         let copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
-        let items = items
+        let items: Vec<Item> = items
             .into_iter()
             .map(|i| match copies.get(&id(gvr, &i)) {
                 Some(Copy::Json(j)) if i.encoding == Encoding::Protobuf && j.rv >= i.rv => {
@@ -140,13 +151,27 @@ impl JsonCopies {
                 _ => i,
             })
             .collect();
-        ForPush::Ready(items)
+        let protobuf = items
+            .iter()
+            .filter(|i| i.encoding == Encoding::Protobuf)
+            .count() as u64;
+        ForPush::Ready(Ready {
+            items,
+            fetched,
+            refused,
+            protobuf,
+        })
     }
 
-    /// GETs the JSON form of `items[wanted]`, PARALLEL at a time.
-    async fn fetch(&self, gvr: &str, items: &[Item], wanted: &[usize]) -> Result<(), String> {
+    /// GETs the JSON form of `items[wanted]`, PARALLEL at a time; (fetched, refused).
+    async fn fetch(
+        &self,
+        gvr: &str,
+        items: &[Item],
+        wanted: &[usize],
+    ) -> Result<(u64, u64), String> {
         let Some((group, version, resource)) = split_gvr(gvr) else {
-            return Ok(());
+            return Ok((0, 0));
         };
         let base = match group {
             "" => format!("/api/{version}"),
@@ -154,13 +179,14 @@ impl JsonCopies {
         };
         let mut queue = wanted.iter().map(|n| &items[*n]);
         let mut running = JoinSet::new();
-        let mut failed = None;
+        let (mut failed, mut fetched, mut refused) = (None, 0, 0);
         loop {
             while running.len() < PARALLEL {
                 let Some(item) = queue.next() else { break };
                 let key = id(gvr, item);
                 let Some(path) = object_path(&base, resource, item) else {
                     self.remember(key, Copy::Refused(item.rv));
+                    refused += 1;
                     continue;
                 };
                 let (cloud, resource, rv) = (self.cloud.clone(), resource.to_string(), item.rv);
@@ -176,12 +202,20 @@ impl JsonCopies {
             };
             let Ok((key, rv, got)) = done else { continue };
             match got {
-                Ok(item) => self.remember(key, Copy::Json(item)),
-                Err(Fetch::Refused) => self.remember(key, Copy::Refused(rv)),
+                Ok(item) => {
+                    self.remember(key, Copy::Json(item));
+                    fetched += 1;
+                }
+                Err(Fetch::Refused) => {
+                    self.remember(key, Copy::Refused(rv));
+                    refused += 1;
+                }
                 Err(Fetch::Retry(e)) => failed = Some(format!("{}/{}: {e}", key.1, key.2)),
             }
         }
-        failed.map_or(Ok(()), |e| Err(format!("JSON form of {gvr} {e}")))
+        failed.map_or(Ok((fetched, refused)), |e| {
+            Err(format!("JSON form of {gvr} {e}"))
+        })
     }
 
     fn remember(&self, key: ObjectId, copy: Copy) {

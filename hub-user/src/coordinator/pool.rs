@@ -77,6 +77,15 @@ pub struct PoolStatus {
     #[serde(default)]
     pub stale_dropped: u64,
     pub last_push_ms: u64,
+    /// JSON forms of protobuf objects fetched from the cloud for pushes; objects it would
+    /// not give (gone, forbidden); objects pushed in protobuf all the same (the cloud was
+    /// down, or refused) — JSON-only clients of the pool do not see those.
+    #[serde(default)]
+    pub json_fetched: u64,
+    #[serde(default)]
+    pub json_refused: u64,
+    #[serde(default)]
+    pub pushed_as_protobuf: u64,
     /// As leader: complete lists of pool-scope resources written, watch events applied,
     /// events older than what the coordinator held (dropped).
     #[serde(default)]
@@ -480,7 +489,13 @@ impl Pool {
             };
             // What JSON-only clients can read, where the cloud can give it.
             let live = match json.for_push(&gvr, set.live).await {
-                ForPush::Ready(items) => items,
+                ForPush::Ready(ready) => {
+                    let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+                    s.json_fetched += ready.fetched;
+                    s.json_refused += ready.refused;
+                    s.pushed_as_protobuf += ready.protobuf;
+                    ready.items
+                }
                 ForPush::Retry(e) => {
                     retry = Some(e);
                     continue;
