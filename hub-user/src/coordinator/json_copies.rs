@@ -87,6 +87,22 @@ enum Copy {
     Refused(u64),
 }
 
+impl Ready {
+    /// `items` pushed as they are, nothing fetched.
+    pub fn as_is(items: Vec<Item>) -> Ready {
+        let protobuf = items
+            .iter()
+            .filter(|i| i.encoding == Encoding::Protobuf)
+            .count() as u64;
+        Ready {
+            items,
+            fetched: 0,
+            refused: 0,
+            protobuf,
+        }
+    }
+}
+
 /// What a set's objects are pushed as.
 pub enum ForPush {
     Ready(Ready),
@@ -151,15 +167,10 @@ impl JsonCopies {
                 _ => i,
             })
             .collect();
-        let protobuf = items
-            .iter()
-            .filter(|i| i.encoding == Encoding::Protobuf)
-            .count() as u64;
         ForPush::Ready(Ready {
-            items,
             fetched,
             refused,
-            protobuf,
+            ..Ready::as_is(items)
         })
     }
 

@@ -244,7 +244,12 @@ impl Pool {
 
     /// A failure of the leader's sync: shown in status, but the coordinator may be fine.
     pub fn note_leader_error(&self, e: String) {
-        tracing::warn!("pool leader: {e}");
+        self.note_error(format!("pool leader: {e}"));
+    }
+
+    /// A failure that says nothing about the coordinator's health: shown in status only.
+    fn note_error(&self, e: String) {
+        tracing::warn!("{e}");
         self.status
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -477,7 +482,14 @@ impl Pool {
         let started = Instant::now();
         let (mut pushed_now, mut retry) = (false, None);
         let (pool, node) = (self.pool_name(), self.config.node_name.clone());
-        for ((component, gvr), set) in sets {
+        for ((component, gvr), mut set) in sets {
+            if self.config.coordinator.pool_scope_resources.contains(&gvr)
+                && self.leader_synced(storage, &gvr).await
+            {
+                // The leader's sync owns this resource in the coordinator (in JSON): this
+                // hub adds nothing, releases what it pushed before, and fetches nothing.
+                set = Set::default();
+            }
             let print = Fingerprint::of(&set.live);
             let id = (component.clone(), gvr.clone());
             let before = pushed.get(&id).copied();
@@ -539,11 +551,12 @@ impl Pool {
             s.last_error = None;
         }
         json.keep_only(&held);
-        if let Some(e) = retry {
-            // Not marked as seen: the next round reads the cache again and retries.
-            return Err(e);
+        match retry {
+            // A cloud hiccup, not the coordinator's: shown, and not marked as seen, so the
+            // next round reads the cache again and retries.
+            Some(e) => self.note_error(format!("pushing later: {e}")),
+            None => *seen_generation = Some((generation, Instant::now())),
         }
-        *seen_generation = Some((generation, Instant::now()));
         Ok(())
     }
 
