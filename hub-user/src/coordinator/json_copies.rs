@@ -87,22 +87,6 @@ enum Copy {
     Refused(u64),
 }
 
-impl Ready {
-    /// `items` pushed as they are, nothing fetched.
-    pub fn as_is(items: Vec<Item>) -> Ready {
-        let protobuf = items
-            .iter()
-            .filter(|i| i.encoding == Encoding::Protobuf)
-            .count() as u64;
-        Ready {
-            items,
-            fetched: 0,
-            refused: 0,
-            protobuf,
-        }
-    }
-}
-
 /// What a set's objects are pushed as.
 pub enum ForPush {
     Ready(Ready),
@@ -118,6 +102,22 @@ pub struct Ready {
     pub refused: u64,
     /// Objects pushed in protobuf, for whatever reason (also: the cloud is down).
     pub protobuf: u64,
+}
+
+impl Ready {
+    /// `items` pushed as they are, nothing fetched.
+    fn as_is(items: Vec<Item>) -> Ready {
+        let protobuf = items
+            .iter()
+            .filter(|i| i.encoding == Encoding::Protobuf)
+            .count() as u64;
+        Ready {
+            items,
+            fetched: 0,
+            refused: 0,
+            protobuf,
+        }
+    }
 }
 
 pub struct JsonCopies {
