@@ -88,7 +88,33 @@ pub struct LoopbackHub<'a> {
     pub extra: String,
 }
 
-impl LoopbackHub<'_> {
+impl<'a> LoopbackHub<'a> {
+    /// A hub of pool `pool-a` on fresh loopback ports: the cloud at `cloud_url`, its
+    /// certificates from `pki`, the coordinator at `etcd`, and `more` appended to the
+    /// coordinator section.
+    pub fn pool_member(
+        cloud_url: String,
+        pki: &'a crate::apiserver::tls::HubPki,
+        etcd: &[String],
+        more: &str,
+    ) -> LoopbackHub<'a> {
+        let endpoints: Vec<String> = etcd.iter().map(|e| format!("\"{e}\"")).collect();
+        LoopbackHub {
+            servers: vec![cloud_url],
+            ca: Some(&pki.ca),
+            node: Some(&pki.node),
+            serving: Some((&pki.serving.0, &pki.serving.1)),
+            client_ca: Some(&pki.ca),
+            plain: crate::ports::free_port(),
+            tls: Some(crate::ports::free_port()),
+            admin: format!("127.0.0.1:{}", crate::ports::free_port()),
+            extra: format!(
+                "poolName: pool-a\ncoordinator:\n  endpoints: [{}]\n{more}",
+                endpoints.join(", ")
+            ),
+        }
+    }
+
     pub fn yaml(&self, cache: &Path) -> String {
         let list: Vec<String> = self.servers.iter().map(|s| format!("\"{s}\"")).collect();
         let mut y = format!(

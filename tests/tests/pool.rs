@@ -11,9 +11,7 @@ use hub_tests::{
     apiserver::{ADMIN_TOKEN, Options, StandIn, client::Client, seed, tls::TestCa},
     etcd::EtcdCluster,
     hub::{HubProc, LOOPBACK_NODE, LoopbackHub},
-    kubectl,
-    ports::free_port,
-    wait_for,
+    kubectl, wait_for,
 };
 use serde_json::Value;
 
@@ -38,26 +36,8 @@ fn start_named_hub(
     more: &str,
 ) -> Node {
     let state = TempDir::new("pool");
-    let (tls, plain) = (free_port(), free_port());
-    let endpoints: Vec<String> = etcd
-        .endpoints()
-        .iter()
-        .map(|e| format!("\"{e}\""))
-        .collect();
-    let config = LoopbackHub {
-        servers: vec![cloud.url()],
-        ca: Some(&pki.ca),
-        node: Some(&pki.node),
-        serving: Some((&pki.serving.0, &pki.serving.1)),
-        client_ca: Some(&pki.ca),
-        plain,
-        tls: Some(tls),
-        admin: format!("127.0.0.1:{}", free_port()),
-        extra: format!(
-            "poolName: pool-a\ncoordinator:\n  endpoints: [{}]\n{more}",
-            endpoints.join(", ")
-        ),
-    };
+    let config = LoopbackHub::pool_member(cloud.url(), pki, &etcd.endpoints(), more);
+    let (tls, plain) = (config.tls.expect("a TLS port"), config.plain);
     let dir = state.path().to_path_buf();
     let hub = HubProc::start_yaml(None, &config.admin.clone(), None, |_, _| {
         config.yaml(&dir).replace(
@@ -370,13 +350,7 @@ fn the_leader_syncs_pool_scope_resources_for_the_pool_and_followers_watch_them_a
     // Both followers watch from the list's resourceVersion.
     let mut watches: Vec<_> = followers
         .iter()
-        .map(|&f| {
-            let w = clients[f].stream(&format!(
-                "{SLICES}?watch=1&resourceVersion={list_rv}&allowWatchBookmarks=true"
-            ));
-            assert_eq!(w.status, 200);
-            w
-        })
+        .map(|&f| clients[f].watch_from(SLICES, &list_rv))
         .collect();
     let admin = Client::new(cloud.addr, ca.cert_der(), Some(ADMIN_TOKEN), None);
     let ns_slices = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices";

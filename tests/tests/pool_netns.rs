@@ -16,7 +16,6 @@ use hub_tests::{
     etcd::EtcdCluster,
     hub::{HubProc, LOOPBACK_NODE, LoopbackHub},
     pool_net::{CLOUD_IP, ETCD_IP, PoolNet},
-    ports::free_port,
     privileged, wait_for,
 };
 use serde_json::Value;
@@ -46,26 +45,13 @@ fn start_node(
     let name = NODES[i];
     let ip = PoolNet::node_ip(i);
     let pki = ca.write_hub_pki(&pki_dir.join(name), name, &[&ip]).unwrap();
-    let tls = free_port();
-    let endpoints: Vec<String> = etcd
-        .endpoints()
-        .iter()
-        .map(|e| format!("\"{e}\""))
-        .collect();
-    let config = LoopbackHub {
-        servers: vec![cloud.url()],
-        ca: Some(&pki.ca),
-        node: Some(&pki.node),
-        serving: Some((&pki.serving.0, &pki.serving.1)),
-        client_ca: Some(&pki.ca),
-        plain: free_port(),
-        tls: Some(tls),
-        admin: format!("127.0.0.1:{}", free_port()),
-        extra: format!(
-            "poolName: pool-a\ncoordinator:\n  endpoints: [{}]\n  leaderLeaseSeconds: {TTL}\n  gcIntervalSeconds: 2\n",
-            endpoints.join(", ")
-        ),
-    };
+    let config = LoopbackHub::pool_member(
+        cloud.url(),
+        &pki,
+        &etcd.endpoints(),
+        &format!("  leaderLeaseSeconds: {TTL}\n  gcIntervalSeconds: 2\n"),
+    );
+    let tls = config.tls.expect("a TLS port");
     let hub = HubProc::start_yaml(
         Some(&net.nodes[i]),
         &config.admin.clone(),
@@ -207,13 +193,7 @@ fn three_hubs_in_node_namespaces_share_a_three_member_coordinator() {
     }
     let mut watches: Vec<_> = followers
         .iter()
-        .map(|&f| {
-            let w = clients[f].stream(&format!(
-                "{SLICES}?watch=1&resourceVersion={list_rv}&allowWatchBookmarks=true"
-            ));
-            assert_eq!(w.status, 200);
-            w
-        })
+        .map(|&f| clients[f].watch_from(SLICES, &list_rv))
         .collect();
     let admin = Client::new(cloud.addr, ca.cert_der(), Some(ADMIN_TOKEN), None);
     let ns_slices = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices";

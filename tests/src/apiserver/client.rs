@@ -254,6 +254,15 @@ impl Client {
             .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
+    /// Opens a watch of `path` from resourceVersion `rv`, with bookmarks; asserts a 200.
+    pub fn watch_from(&self, path: &str, rv: &str) -> Stream<'_> {
+        let w = self.stream(&format!(
+            "{path}?watch=1&resourceVersion={rv}&allowWatchBookmarks=true"
+        ));
+        assert_eq!(w.status, 200, "watch {path}");
+        w
+    }
+
     /// Starts a streamed GET (a watch) and returns once the headers arrived.
     pub fn stream(&self, path: &str) -> Stream<'_> {
         let (reader, status) = self.rt.block_on(async {
