@@ -215,11 +215,10 @@ impl Cloud {
             // of a 60 s hang.
             let was_healthy = server.health.is_healthy();
             let abandoned = async {
-                loop {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    if was_healthy && !server.health.is_healthy() {
-                        return;
-                    }
+                if was_healthy {
+                    server.health.unhealthy().await
+                } else {
+                    std::future::pending().await
                 }
             };
             let answer = tokio::select! {

@@ -25,6 +25,8 @@ pub struct Health {
     oks: AtomicU32,
     transitions: AtomicU32,
     last_error: Mutex<String>,
+    /// Wakes requests waiting on this server when it turns unhealthy.
+    went_down: tokio::sync::Notify,
 }
 
 impl Default for Health {
@@ -38,6 +40,7 @@ impl Default for Health {
             oks: AtomicU32::new(0),
             transitions: AtomicU32::new(0),
             last_error: Mutex::new(String::new()),
+            went_down: tokio::sync::Notify::new(),
         }
     }
 }
@@ -63,6 +66,21 @@ impl Health {
     fn set(&self, healthy: bool) {
         if self.healthy.swap(healthy, Ordering::SeqCst) != healthy {
             self.transitions.fetch_add(1, Ordering::Relaxed);
+            if !healthy {
+                self.went_down.notify_waiters();
+            }
+        }
+    }
+
+    /// Returns once the server is unhealthy. Event-driven rather than polled: a timer per
+    /// request would wake the runtime's driver on every forwarded request.
+    pub async fn unhealthy(&self) {
+        loop {
+            let notified = self.went_down.notified();
+            if !self.is_healthy() {
+                return;
+            }
+            notified.await;
         }
     }
 
@@ -122,5 +140,19 @@ mod tests {
         h.soft_failure("503");
         assert!(!h.is_healthy());
         assert_eq!(h.transitions(), 3);
+    }
+
+    #[test]
+    fn waiters_learn_of_the_fall_without_polling() {
+        use std::{future::Future, pin::pin, task::Context};
+        let h = Health::default();
+        let mut waiting = pin!(h.unhealthy());
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        h.failure("refused");
+        assert!(waiting.as_mut().poll(&mut cx).is_pending(), "still healthy");
+        h.failure("refused");
+        assert!(waiting.as_mut().poll(&mut cx).is_ready());
+        assert!(pin!(h.unhealthy()).poll(&mut cx).is_ready(), "already down");
     }
 }
