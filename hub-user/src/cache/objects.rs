@@ -2,6 +2,8 @@
 //! Kubernetes protobuf, with the metadata the cache indexes: name, namespace,
 //! resourceVersion, labels and the fields that field selectors use. Protobuf is read
 //! without its schema (see `kproto`); each item keeps its original bytes.
+use std::borrow::Cow;
+
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -316,6 +318,43 @@ pub fn from_protobuf(
 }
 
 /// A GET answer.
+/// Which object a JSON answer is, and at which resourceVersion.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub namespace: String,
+    pub name: String,
+    pub rv: u64,
+}
+
+#[derive(Deserialize)]
+struct Peek<'a> {
+    #[serde(borrow, default)]
+    metadata: PeekMeta<'a>,
+}
+
+#[derive(Deserialize, Default)]
+struct PeekMeta<'a> {
+    #[serde(borrow, default)]
+    name: Cow<'a, str>,
+    #[serde(borrow, default)]
+    namespace: Cow<'a, str>,
+    #[serde(borrow, default, rename = "resourceVersion")]
+    resource_version: Cow<'a, str>,
+}
+
+/// The identity of a JSON object without building it: a scan that keeps only metadata's
+/// name, namespace and resourceVersion, so that an answer the cache already holds costs a
+/// fraction of a full parse. None if it is not a JSON object with those.
+pub fn identify_json(body: &[u8]) -> Option<Identity> {
+    let p: Peek = serde_json::from_slice(body).ok()?;
+    let m = p.metadata;
+    Some(Identity {
+        rv: parse_rv(&m.resource_version).ok().filter(|rv| *rv > 0)?,
+        namespace: m.namespace.into_owned(),
+        name: Some(m.name).filter(|n| !n.is_empty())?.into_owned(),
+    })
+}
+
 pub fn parse_object(resource: &str, enc: Encoding, body: &[u8]) -> Result<Item, ParseError> {
     match enc {
         Encoding::Json => {
@@ -492,6 +531,35 @@ mod tests {
         assert_eq!(a.labels, vec![("app".into(), "web".into())]);
         let v: Value = serde_json::from_slice(&a.body).unwrap();
         assert_eq!(v["kind"], "Pod");
+    }
+
+    #[test]
+    fn identity_without_a_full_parse_agrees_with_it() {
+        let body = br#"{"kind":"Pod","apiVersion":"v1","spec":{"x":[1,{"y":"z"}]},
+          "metadata":{"name":"a\u002db","namespace":"ns1","resourceVersion":"40","labels":{"k":"v"}}}"#;
+        let id = identify_json(body).unwrap();
+        let item = parse_object("pods", Encoding::Json, body).unwrap();
+        assert_eq!(
+            (id.namespace, id.name, id.rv),
+            (item.namespace, item.name, item.rv)
+        );
+        let cluster = br#"{"kind":"Node","metadata":{"name":"n1","resourceVersion":"7"}}"#;
+        assert_eq!(identify_json(cluster).unwrap().namespace, "");
+        for unknown in [
+            &br#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":404}"#[..],
+            br#"{"kind":"Pod","metadata":{"name":"a","resourceVersion":"x"}}"#,
+            br#"{"kind":"Pod","metadata":{"name":"a"}}"#,
+            br#"{"kind":"Pod","metadata":{"name":"","resourceVersion":"3"}}"#,
+            b"[1,2]",
+            b"{not json",
+        ] {
+            assert_eq!(
+                identify_json(unknown),
+                None,
+                "{}",
+                String::from_utf8_lossy(unknown)
+            );
+        }
     }
 
     #[test]

@@ -610,19 +610,24 @@ impl Store {
         let objects = txn.open_table(OBJECTS).map_err(db_err)?;
         let mut out = Vec::with_capacity(writes.len());
         for w in writes {
-            if let Write::Upsert { key, item, .. } = &w {
-                let held = objects.get(key.encode().as_slice()).map_err(db_err)?;
-                let repeat = held
-                    .and_then(|v| Record::decode(v.value()))
-                    .is_some_and(|r| supersedes(&r, item.rv, item.encoding));
-                if repeat {
-                    applied.stale += 1;
-                    continue;
-                }
+            if let Write::Upsert { key, item, .. } = &w
+                && stored(&objects, &key.encode())?
+                    .is_some_and(|r| supersedes(&r, item.rv, item.encoding))
+            {
+                applied.stale += 1;
+                continue;
             }
             out.push(w);
         }
         Ok(out)
+    }
+
+    /// True if an upsert of `key` at `rv` would change nothing: the store holds that state
+    /// or a newer one.
+    pub fn holds(&self, key: &ObjectKey, rv: u64, encoding: Encoding) -> Result<bool, StoreError> {
+        let txn = self.read()?;
+        let objects = txn.open_table(OBJECTS).map_err(db_err)?;
+        Ok(stored(&objects, &key.encode())?.is_some_and(|r| supersedes(&r, rv, encoding)))
     }
 
     /// Queues a write for the cloud and, in the same transaction, puts the object it
@@ -737,7 +742,10 @@ fn supersedes(stored: &Record, incoming_rv: u64, incoming: Encoding) -> bool {
         || (stored.item.rv == incoming_rv && (stored.deleted || incoming == stored.item.encoding))
 }
 
-fn stored(objects: &redb::Table<&[u8], &[u8]>, key: &[u8]) -> Result<Option<Record>, StoreError> {
+fn stored(
+    objects: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    key: &[u8],
+) -> Result<Option<Record>, StoreError> {
     Ok(objects
         .get(key)
         .map_err(db_err)?

@@ -28,6 +28,11 @@ const TRIM_AFTER: usize = 1000;
 const STAGED_TTL: Duration = Duration::from_secs(300);
 /// Chunked lists in progress at once, at most.
 const STAGED_MAX: usize = 64;
+/// How long the idle writer lets answers gather once the first arrives. Senders wake it
+/// only while it waits for the first (a send to a busy or sleeping receiver costs no
+/// system call); a wake per answer cost both threads a futex call and a context switch,
+/// ~40 µs of CPU per proxied GET on 2 vCPUs.
+const GATHER: Duration = Duration::from_millis(10);
 
 /// Where a teed answer belongs.
 #[derive(Debug, Clone)]
@@ -151,6 +156,9 @@ pub fn start(store: Arc<Store>, stats: Arc<Stats>) -> Writer {
 fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
     let mut staged: HashMap<String, Staged> = HashMap::new();
     while let Ok(first) = rx.recv() {
+        if !matches!(first, Op::Flush(_)) {
+            std::thread::sleep(GATHER);
+        }
         let mut ops = vec![first];
         while ops.len() < BATCH_OPS {
             match rx.try_recv() {
@@ -164,6 +172,9 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
         for op in ops {
             match op {
                 Op::Flush(done) => flushes.push(done),
+                op if already_held(&store, &op) => {
+                    stats.stale.fetch_add(1, Ordering::Relaxed);
+                }
                 op => match prepare(op, &mut staged) {
                     Ok(w) => writes.extend(w),
                     // A Table (kubectl's default output) or a Status: nothing to keep.
@@ -212,6 +223,29 @@ fn concat(parts: Vec<Bytes>) -> Bytes {
         1 => parts.into_iter().next().unwrap_or_default(),
         _ => parts.concat().into(),
     }
+}
+
+/// A JSON GET answer whose object the store already holds at this resourceVersion (the
+/// common repeat): found with a metadata scan and one read instead of parsing and
+/// re-encoding the whole object, which cost the writer ~80 µs of CPU per repeated GET.
+fn already_held(store: &Store, op: &Op) -> bool {
+    let Op::Whole { target, body } = op else {
+        return false;
+    };
+    if !matches!(target.kind, TargetKind::Object) || target.encoding != Encoding::Json {
+        return false;
+    }
+    let Some(id) = objects::identify_json(&concat(body.clone())) else {
+        return false;
+    };
+    let key = ObjectKey {
+        credential: target.credential.clone(),
+        gvr: target.gvr.clone(),
+        namespace: id.namespace,
+        name: id.name,
+        component: target.component.clone(),
+    };
+    store.holds(&key, id.rv, Encoding::Json).unwrap_or(false)
 }
 
 fn key(target: &Target, item: &Item) -> ObjectKey {
@@ -351,4 +385,66 @@ fn replace_write(acc: Staged) -> Result<Write, String> {
         rv: acc.rv,
         items: acc.items,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, rv: u64) -> Bytes {
+        format!(
+            r#"{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"d","resourceVersion":"{rv}"}},"spec":{{"nodeName":"n1"}}}}"#
+        )
+        .into()
+    }
+
+    fn get(body: Bytes) -> Op {
+        Op::Whole {
+            target: Target {
+                credential: "node".into(),
+                component: "kubelet".into(),
+                gvr: "/v1/pods".into(),
+                resource: "pods".into(),
+                encoding: Encoding::Json,
+                kind: TargetKind::Object,
+            },
+            // Split like a body that arrived in two frames.
+            body: vec![body.slice(..10), body.slice(10..)],
+        }
+    }
+
+    #[test]
+    fn repeated_answers_are_recognised_without_rewriting() {
+        let dir = std::env::temp_dir().join(format!("hub-writer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Arc::new(Store::open(&dir).unwrap());
+        let stats = Arc::new(Stats::default());
+        let writer = start(store.clone(), stats.clone());
+        let counts = |s: &Stats| {
+            (
+                s.written.load(Ordering::Relaxed),
+                s.stale.load(Ordering::Relaxed),
+            )
+        };
+        writer.send(get(pod("a", 5)));
+        writer.flush();
+        assert_eq!(counts(&stats), (1, 0));
+        writer.send(get(pod("a", 5)));
+        writer.send(get(pod("a", 4)));
+        writer.flush();
+        assert_eq!(counts(&stats), (1, 2), "same and older: nothing written");
+        writer.send(get(pod("a", 6)));
+        writer.send(get(pod("b", 6)));
+        writer.flush();
+        assert_eq!(counts(&stats), (3, 2));
+        let held = store
+            .scan(&super::super::store::prefix("node", "/v1/pods", None, None))
+            .unwrap();
+        assert_eq!(
+            held.iter().map(|(_, r)| r.item.rv).collect::<Vec<_>>(),
+            [6, 6]
+        );
+        drop(writer);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

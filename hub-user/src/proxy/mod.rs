@@ -229,7 +229,10 @@ impl Proxy {
             coordinator_healthy: self.pool.as_ref().is_some_and(|p| p.healthy()),
             // Without a pool, this hub reads everything from the cloud itself.
             leader: self.pool.as_ref().is_none_or(|p| p.is_leader()),
-            pool_scope: info.is_resource && self.pool_scope.iter().any(|p| *p == info.gvr()),
+            pool_scope: info.is_resource && {
+                let gvr = info.gvr();
+                self.pool_scope.contains(&gvr)
+            },
             cloud_only: !info.is_read(),
         };
         let streaming = info.verb == "watch"
