@@ -19,8 +19,9 @@ need_root
 # iproute2: netns/veth fixtures; python3-kubernetes: a real client in tests;
 # openssl: test CA inspection; curl: admin checks in scripts; protobuf-compiler and
 # libprotobuf-dev: protoc and the well-known .proto files, which the etcd-client crate
-# needs to build its gRPC stubs.
-DEB_PACKAGES=(etcd-server etcd-client bpftool iproute2 python3-kubernetes openssl curl ca-certificates protobuf-compiler libprotobuf-dev)
+# needs to build its gRPC stubs; nginx-light: the reference proxy `cargo xtask bench proxy`
+# measures beside the hub (started by the benchmark on loopback, never as a service).
+DEB_PACKAGES=(etcd-server etcd-client bpftool iproute2 python3-kubernetes openssl curl ca-certificates protobuf-compiler libprotobuf-dev nginx-light)
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

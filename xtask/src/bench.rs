@@ -152,6 +152,12 @@ impl Stack {
         (HubProc::start_yaml(None, &admin, None, |_, _| yaml), via)
     }
 
+    /// The hub's serving certificate and key (the stand-in's CA signed them).
+    pub fn serving_pair(&self) -> (std::path::PathBuf, std::path::PathBuf) {
+        let pki = pki_dir(self._dir.path(), BENCH_NODE);
+        (pki.join("hub-serving.crt"), pki.join("hub-serving.key"))
+    }
+
     /// An HTTP/2 client trusting the stand-in's CA; with `kubelet_of`, presenting that
     /// node's kubelet-style certificate (its hub then speaks as the node).
     pub fn client(&self, kubelet_of: Option<&str>) -> Result<Http> {
@@ -214,6 +220,27 @@ fn http_client(dir: &std::path::Path, kubelet_of: Option<&str>) -> Result<Http> 
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
             .build(hub::upstream::connect::MarkedConnector { tls, mark: 0 }),
     )
+}
+
+/// CPU time a process and its descendants (nginx's workers) have used, in ns, summed over
+/// their threads from schedstat (ns precision, unlike the 10 ms ticks of /proc/PID/stat).
+pub fn cpu_ns(pid: u32) -> u64 {
+    let mut total = 0;
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    for task in tasks.flatten() {
+        let p = task.path();
+        total += std::fs::read_to_string(p.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        let children = std::fs::read_to_string(p.join("children")).unwrap_or_default();
+        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+            total += cpu_ns(child);
+        }
+    }
+    total
 }
 
 pub fn rss_kib(pid: u32) -> Option<u64> {

@@ -1,7 +1,11 @@
 //! `cargo xtask bench proxy`: the hub's TLS proxy in front of the API stand-in vs the
 //! stand-in directly, interleaved in one run over HTTP/2 with keep-alive (as client-go):
 //! GET one pod (p50/p99), LIST 1k pods (JSON and protobuf), a 10k-event watch,
-//! and the hub's RSS idle and after the load.
+//! and the hub's RSS idle and after the load. nginx, when installed (scripts/setup.sh
+//! does), is measured in the same rounds as a reference: the anchors give its
+//! cost against a real kube-apiserver, so its ratio here tells how much harsher the
+//! stand-in's fast answers make every ratio. `HUB_BENCH_OTHER=path/to/hub` adds a second
+//! hub build to the same rounds (run-to-run noise here is larger than most changes).
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -10,7 +14,7 @@ use http_body_util::{BodyExt, Empty};
 use hub_tests::apiserver::ADMIN_TOKEN;
 use hyper::Request;
 
-use crate::bench::{COMPONENT, Http, Stack, rss_kib};
+use crate::bench::{COMPONENT, Http, Stack, cpu_ns, rss_kib};
 
 fn percentile(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -53,11 +57,32 @@ async fn watch(client: &Http, url: &str, events: usize) -> Result<Duration> {
     Ok(started.elapsed())
 }
 
-fn row(name: &str, direct: f64, hub: f64, unit: &str) {
+fn row(name: &str, direct: f64, via: f64, unit: &str) {
     println!(
-        "{name:<28} {direct:>12.3} {hub:>12.3} {:>8.3}x  {unit}",
-        hub / direct
+        "{name:<36} {direct:>11.3} {via:>11.3} {:>8.3}x  {unit}",
+        via / direct
     );
+}
+
+/// Runs `measure` on every base once per round, the order rotating each round so no base
+/// always follows another; returns each base's samples.
+async fn interleaved<F, Fut>(
+    bases: &[String],
+    rounds: usize,
+    mut measure: F,
+) -> Result<Vec<Vec<f64>>>
+where
+    F: FnMut(String) -> Fut,
+    Fut: std::future::Future<Output = Result<f64>>,
+{
+    let mut samples = vec![Vec::with_capacity(rounds); bases.len()];
+    for i in 0..rounds {
+        for k in 0..bases.len() {
+            let b = (i + k) % bases.len();
+            samples[b].push(measure(bases[b].clone()).await?);
+        }
+    }
+    Ok(samples)
 }
 
 pub fn proxy(rounds: usize) -> Result<()> {
@@ -73,71 +98,105 @@ pub fn proxy(rounds: usize) -> Result<()> {
             "10000",
         ],
     )?;
-    let (client, direct, via, hub) = (&stack.client, &stack.direct, &stack.via, &stack.hub);
+    let (client, hub) = (&stack.client, &stack.hub);
+    // (label, base URL, the serving process); the first is the stand-in itself.
+    let mut bases = vec![
+        (
+            "direct".to_string(),
+            stack.direct.clone(),
+            stack.standin.pid(),
+        ),
+        ("hub".to_string(), stack.via.clone(), hub.proc.pid()),
+    ];
+    let other = std::env::var_os("HUB_BENCH_OTHER").map(|bin| {
+        let own = std::env::var_os("HUB_BIN");
+        // SAFETY: single-threaded here; the fixture reads HUB_BIN when it starts a hub.
+        unsafe { std::env::set_var("HUB_BIN", &bin) };
+        let started = stack.start_hub("other", "bench-node", "");
+        if let Some(own) = own {
+            unsafe { std::env::set_var("HUB_BIN", own) };
+        }
+        started
+    });
+    if let Some((proc, url)) = &other {
+        bases.push(("HUB_BENCH_OTHER".into(), url.clone(), proc.proc.pid()));
+    }
+    let nginx = Nginx::start(&stack)?;
+    match &nginx {
+        Some(n) => bases.push(("nginx".into(), n.url.clone(), n.proc.pid())),
+        None => println!(
+            "bench proxy: nginx not installed, no reference rows (scripts/setup.sh installs nginx-light)"
+        ),
+    }
+    let labels: Vec<String> = bases.iter().map(|(l, _, _)| l.clone()).collect();
+    let urls: Vec<String> = bases.iter().map(|(_, u, _)| u.clone()).collect();
+    let pids: Vec<u32> = bases.iter().map(|(_, _, p)| *p).collect();
     let idle_rss = rss_kib(hub.proc.pid()).unwrap_or(0);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let pod = "/api/v1/namespaces/default/pods/pod-3-42";
     let list = "/api/v1/namespaces/default/pods";
+    // Prints one row per proxy: its p50 (or p99) against direct's.
+    let rows = |name: &str, samples: &mut [Vec<f64>], q: f64, unit: &str| {
+        let direct = percentile(&mut samples[0], q);
+        for (label, s) in labels.iter().zip(samples.iter_mut()).skip(1) {
+            let name = if label == "hub" {
+                name.to_string()
+            } else {
+                format!("{name} ({label})")
+            };
+            row(&name, direct, percentile(s, q), unit);
+        }
+    };
 
     rt.block_on(async {
-        for base in [&direct, &via] {
+        for base in &urls {
             for _ in 0..50 {
                 get(client, &format!("{base}{pod}")).await?;
             }
         }
-        // GET one pod, interleaved.
-        let (mut d, mut h) = (Vec::new(), Vec::new());
-        for i in 0..rounds {
-            let order = if i % 2 == 0 { [&direct, &via] } else { [&via, &direct] };
-            for base in order {
-                let t = Instant::now();
-                get(client, &format!("{base}{pod}")).await?;
-                let us = t.elapsed().as_secs_f64() * 1e6;
-                if base == &direct { d.push(us) } else { h.push(us) }
-            }
-        }
         println!("bench proxy: release stand-in over TLS (HTTP/2, keep-alive), release hub with caching on, {rounds} GET rounds");
-        println!("{:<28} {:>12} {:>12} {:>9}", "metric", "direct", "via hub", "ratio");
-        row("GET pod p50", percentile(&mut d, 0.5), percentile(&mut h, 0.5), "µs");
-        row("GET pod p99", percentile(&mut d, 0.99), percentile(&mut h, 0.99), "µs");
+        println!("{:<36} {:>11} {:>11} {:>9}", "metric", "direct", "via", "ratio");
+        let cpu_before: Vec<u64> = pids.iter().map(|p| cpu_ns(*p)).collect();
+        let mut t = interleaved(&urls, rounds, |base| async move {
+            let t = Instant::now();
+            get(client, &format!("{base}{pod}")).await?;
+            Ok(t.elapsed().as_secs_f64() * 1e6)
+        })
+        .await?;
+        // Less noisy than latency on a shared machine: what each GET cost the process that
+        // served it (for direct, the stand-in's own work; via a proxy, the proxy's alone).
+        // The stand-in served every base's GETs.
+        let served = |i: usize| if i == 0 { rounds * urls.len() } else { rounds } as f64;
+        let mut cpu: Vec<Vec<f64>> = pids
+            .iter()
+            .zip(&cpu_before)
+            .enumerate()
+            .map(|(i, (p, before))| vec![(cpu_ns(*p) - before) as f64 / served(i) / 1e3])
+            .collect();
+        rows("GET pod p50", &mut t, 0.5, "µs");
+        rows("GET pod p99", &mut t, 0.99, "µs");
+        rows("CPU per GET (server vs proxy)", &mut cpu, 0.5, "µs");
 
-        // LIST 1k pods, interleaved.
-        let (mut d, mut h, mut bytes) = (Vec::new(), Vec::new(), 0);
-        for i in 0..40 {
-            let order = if i % 2 == 0 { [&direct, &via] } else { [&via, &direct] };
-            for base in order {
+        for (name, accept) in [("JSON", "application/json"), ("protobuf", "application/vnd.kubernetes.protobuf")] {
+            let bytes = get_as(client, &format!("{}{list}", urls[0]), accept).await?.len();
+            let mut t = interleaved(&urls, 40, |base| async move {
                 let t = Instant::now();
-                let body = get(client, &format!("{base}{list}")).await?;
-                bytes = body.len();
-                let ms = t.elapsed().as_secs_f64() * 1e3;
-                if base == &direct { d.push(ms) } else { h.push(ms) }
-            }
+                get_as(client, &format!("{base}{list}"), accept).await?;
+                Ok(t.elapsed().as_secs_f64() * 1e3)
+            })
+            .await?;
+            rows(&format!("LIST 1k pods {name} p50"), &mut t, 0.5, &format!("ms ({} KiB)", bytes / 1024));
         }
-        row("LIST 1k pods JSON p50", percentile(&mut d, 0.5), percentile(&mut h, 0.5), &format!("ms ({} KiB)", bytes / 1024));
-        let (mut d, mut h, mut bytes) = (Vec::new(), Vec::new(), 0);
-        for i in 0..40 {
-            let order = if i % 2 == 0 { [&direct, &via] } else { [&via, &direct] };
-            for base in order {
-                let t = Instant::now();
-                let body = get_as(client, &format!("{base}{list}"), "application/vnd.kubernetes.protobuf").await?;
-                bytes = body.len();
-                let ms = t.elapsed().as_secs_f64() * 1e3;
-                if base == &direct { d.push(ms) } else { h.push(ms) }
-            }
-        }
-        row("LIST 1k pods protobuf p50", percentile(&mut d, 0.5), percentile(&mut h, 0.5), &format!("ms ({} KiB)", bytes / 1024));
 
         // A 10k-event watch: the initial ADDED events of 10k configmaps.
-        let path = "/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=0".to_string();
-        let mut d = Vec::new();
-        let mut h = Vec::new();
-        for _ in 0..3 {
-            d.push(10_000.0 / watch(client, &format!("{direct}{path}"), 10_000).await?.as_secs_f64());
-            h.push(10_000.0 / watch(client, &format!("{via}{path}"), 10_000).await?.as_secs_f64());
-        }
-        row("watch 10k events", percentile(&mut d, 0.5), percentile(&mut h, 0.5), "events/s (higher is better)");
+        let path = "/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=0";
+        let mut t = interleaved(&urls, 3, |base| async move {
+            Ok(10_000.0 / watch(client, &format!("{base}{path}"), 10_000).await?.as_secs_f64())
+        })
+        .await?;
+        rows("watch 10k events", &mut t, 0.5, "events/s (higher is better)");
         anyhow::Ok(())
     })?;
     let loaded_rss = rss_kib(hub.proc.pid()).unwrap_or(0);
@@ -154,4 +213,51 @@ pub fn proxy(rounds: usize) -> Result<()> {
         loaded_rss as f64 / 1024.0
     );
     Ok(())
+}
+
+/// nginx as a plain TLS reverse proxy in front of the stand-in: HTTP/2 towards clients,
+/// HTTP/1.1 keep-alive towards the upstream (all nginx 1.22 can), no buffering (watches
+/// must stream), one worker like the hub's runtime.
+struct Nginx {
+    url: String,
+    proc: hub_tests::process::Proc,
+    _dir: hub_tests::TempDir,
+}
+
+impl Nginx {
+    /// None when nginx is not installed.
+    fn start(stack: &crate::bench::Stack) -> Result<Option<Nginx>> {
+        use hub_tests::{TempDir, ports::free_port, process::Proc};
+        let Some(bin) = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+        else {
+            return Ok(None);
+        };
+        let dir = TempDir::new("nginx");
+        let d = dir.path().display();
+        let port = free_port();
+        let (cert, key) = stack.serving_pair();
+        let conf = format!(
+            "worker_processes 1;\npid {d}/nginx.pid;\nerror_log stderr warn;\nevents {{ worker_connections 1024; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  upstream cloud {{ server {}; keepalive 32; }}\n  server {{\n    listen 127.0.0.1:{port} ssl http2;\n    ssl_certificate {};\n    ssl_certificate_key {};\n    location / {{\n      proxy_pass https://cloud;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n      proxy_read_timeout 300s;\n    }}\n  }}\n}}\n",
+            stack.direct.trim_start_matches("https://"),
+            cert.display(),
+            key.display(),
+        );
+        let path = dir.path().join("nginx.conf");
+        std::fs::write(&path, conf)?;
+        let mut cmd = std::process::Command::new(bin);
+        cmd.arg("-c").arg(&path).args(["-g", "daemon off;"]);
+        let proc = Proc::spawn(cmd, "nginx");
+        hub_tests::wait_for(
+            "nginx listening",
+            std::time::Duration::from_secs(10),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).ok(),
+        );
+        Ok(Some(Nginx {
+            url: format!("https://127.0.0.1:{port}"),
+            proc,
+            _dir: dir,
+        }))
+    }
 }
