@@ -212,6 +212,13 @@ pub fn proxy(rounds: usize) -> Result<()> {
         idle_rss as f64 / 1024.0,
         loaded_rss as f64 / 1024.0
     );
+    if let Some((other, _)) = &other {
+        let kib = rss_kib(other.proc.pid()).unwrap_or(0);
+        println!(
+            "HUB_BENCH_OTHER RSS after load: {:.1} MiB",
+            kib as f64 / 1024.0
+        );
+    }
     Ok(())
 }
 
