@@ -317,7 +317,6 @@ pub fn from_protobuf(
     })
 }
 
-/// A GET answer.
 /// Which object a JSON answer is, and at which resourceVersion.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Identity {
@@ -355,6 +354,7 @@ pub fn identify_json(body: &[u8]) -> Option<Identity> {
     })
 }
 
+/// A GET answer.
 pub fn parse_object(resource: &str, enc: Encoding, body: &[u8]) -> Result<Item, ParseError> {
     match enc {
         Encoding::Json => {

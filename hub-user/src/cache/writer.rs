@@ -30,8 +30,8 @@ const STAGED_TTL: Duration = Duration::from_secs(300);
 const STAGED_MAX: usize = 64;
 /// How long the idle writer lets answers gather once the first arrives. Senders wake it
 /// only while it waits for the first (a send to a busy or sleeping receiver costs no
-/// system call); a wake per answer cost both threads a futex call and a context switch,
-/// ~40 µs of CPU per proxied GET on 2 vCPUs.
+/// system call); a wake per answer cost both threads a futex call and a context switch
+/// (measured on 2 vCPUs: the hub's CPU per proxied GET fell from 208 to 183 µs).
 const GATHER: Duration = Duration::from_millis(10);
 
 /// Where a teed answer belongs.
@@ -227,7 +227,8 @@ fn concat(parts: Vec<Bytes>) -> Bytes {
 
 /// A JSON GET answer whose object the store already holds at this resourceVersion (the
 /// common repeat): found with a metadata scan and one read instead of parsing and
-/// re-encoding the whole object, which cost the writer ~80 µs of CPU per repeated GET.
+/// re-encoding the whole object (the writer's CPU per repeated GET fell from ~45 to
+/// ~29 µs, most of the rest being its wake-up, which GATHER then shares).
 fn already_held(store: &Store, op: &Op) -> bool {
     let Op::Whole { target, body } = op else {
         return false;
@@ -416,6 +417,7 @@ mod tests {
     #[test]
     fn repeated_answers_are_recognised_without_rewriting() {
         let dir = std::env::temp_dir().join(format!("hub-writer-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let store = Arc::new(Store::open(&dir).unwrap());
         let stats = Arc::new(Stats::default());
