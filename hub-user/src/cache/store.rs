@@ -220,14 +220,18 @@ impl Record {
         out
     }
 
+    pub fn version(&self) -> Version {
+        Version {
+            rv: self.item.rv,
+            deleted: self.deleted,
+            encoding: self.item.encoding,
+        }
+    }
+
     /// None when the bytes are not a record this version wrote.
     pub fn decode(b: &[u8]) -> Option<Record> {
-        let mut r = Reader(b);
-        if r.take(1)? != [RECORD_VERSION] {
-            return None;
-        }
-        let flags = r.take(1)?[0];
-        let rv = r.u64()?;
+        let (version, flags, rest) = Version::read_header(b)?;
+        let mut r = Reader(rest);
         let stored_at = r.u64()?;
         let item = Item {
             name: r.string()?,
@@ -236,21 +240,51 @@ impl Record {
             kind: r.string()?,
             labels: r.pairs()?,
             fields: r.pairs()?,
-            rv,
-            encoding: if flags & 2 != 0 {
-                Encoding::Protobuf
-            } else {
-                Encoding::Json
-            },
+            rv: version.rv,
+            encoding: version.encoding,
             body: r.0.to_vec(),
         };
         Some(Record {
-            deleted: flags & 1 != 0,
+            deleted: version.deleted,
             one_off: flags & 4 != 0,
             left_selection: flags & 8 != 0,
             stored_at,
             item,
         })
+    }
+}
+
+/// Which state of an object a record holds: what decides whether an incoming copy is news.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Version {
+    pub rv: u64,
+    pub deleted: bool,
+    pub encoding: Encoding,
+}
+
+impl Version {
+    /// From an encoded record's fixed header, without decoding its strings and body.
+    fn read(b: &[u8]) -> Option<Version> {
+        Some(Version::read_header(b)?.0)
+    }
+
+    /// The version, the flags byte and the bytes after them.
+    fn read_header(b: &[u8]) -> Option<(Version, u8, &[u8])> {
+        let mut r = Reader(b);
+        if r.take(1)? != [RECORD_VERSION] {
+            return None;
+        }
+        let flags = r.take(1)?[0];
+        let version = Version {
+            rv: r.u64()?,
+            deleted: flags & 1 != 0,
+            encoding: if flags & 2 != 0 {
+                Encoding::Protobuf
+            } else {
+                Encoding::Json
+            },
+        };
+        Some((version, flags, r.0))
     }
 }
 
@@ -513,7 +547,7 @@ impl Store {
                         let old = stored(&objects, &k)?;
                         if old
                             .as_ref()
-                            .is_some_and(|o| supersedes(o, item.rv, item.encoding))
+                            .is_some_and(|o| supersedes(o.version(), item.rv, item.encoding))
                         {
                             applied.stale += 1;
                             continue;
@@ -611,8 +645,8 @@ impl Store {
         let mut out = Vec::with_capacity(writes.len());
         for w in writes {
             if let Write::Upsert { key, item, .. } = &w
-                && stored(&objects, &key.encode())?
-                    .is_some_and(|r| supersedes(&r, item.rv, item.encoding))
+                && stored_version(&objects, &key.encode())?
+                    .is_some_and(|v| supersedes(v, item.rv, item.encoding))
             {
                 applied.stale += 1;
                 continue;
@@ -622,12 +656,13 @@ impl Store {
         Ok(out)
     }
 
-    /// True if an upsert of `key` at `rv` would change nothing: the store holds that state
-    /// or a newer one.
-    pub fn holds(&self, key: &ObjectKey, rv: u64, encoding: Encoding) -> Result<bool, StoreError> {
+    /// A read snapshot of the objects, for many `holds` questions at the cost of one
+    /// read transaction.
+    pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
         let txn = self.read()?;
-        let objects = txn.open_table(OBJECTS).map_err(db_err)?;
-        Ok(stored(&objects, &key.encode())?.is_some_and(|r| supersedes(&r, rv, encoding)))
+        Ok(Snapshot {
+            objects: txn.open_table(OBJECTS).map_err(db_err)?,
+        })
     }
 
     /// Queues a write for the cloud and, in the same transaction, puts the object it
@@ -734,18 +769,40 @@ fn tombstone(mut item: Item, now: u64) -> Record {
 /// True when the stored record (object or tombstone) makes `incoming` pointless: it is
 /// newer, or it is the same state (same resourceVersion) in the same encoding. The same
 /// state in another encoding replaces it: the component's latest way of asking wins.
-fn supersedes(stored: &Record, incoming_rv: u64, incoming: Encoding) -> bool {
+/// What the store held when the snapshot was taken.
+pub struct Snapshot {
+    objects: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+}
+
+impl Snapshot {
+    /// True if an upsert of `key` at `rv` would change nothing: the store holds that state
+    /// or a newer one.
+    pub fn holds(&self, key: &ObjectKey, rv: u64, encoding: Encoding) -> Result<bool, StoreError> {
+        Ok(stored_version(&self.objects, &key.encode())?
+            .is_some_and(|v| supersedes(v, rv, encoding)))
+    }
+}
+
+fn supersedes(stored: Version, incoming_rv: u64, incoming: Encoding) -> bool {
     if incoming_rv == 0 {
         return false;
     }
-    stored.item.rv > incoming_rv
-        || (stored.item.rv == incoming_rv && (stored.deleted || incoming == stored.item.encoding))
+    stored.rv > incoming_rv
+        || (stored.rv == incoming_rv && (stored.deleted || incoming == stored.encoding))
 }
 
-fn stored(
+/// The version of what `key` holds, read from the record's fixed header alone.
+fn stored_version(
     objects: &impl ReadableTable<&'static [u8], &'static [u8]>,
     key: &[u8],
-) -> Result<Option<Record>, StoreError> {
+) -> Result<Option<Version>, StoreError> {
+    Ok(objects
+        .get(key)
+        .map_err(db_err)?
+        .and_then(|v| Version::read(v.value())))
+}
+
+fn stored(objects: &redb::Table<&[u8], &[u8]>, key: &[u8]) -> Result<Option<Record>, StoreError> {
     Ok(objects
         .get(key)
         .map_err(db_err)?
@@ -794,7 +851,7 @@ fn replace_list(
         let id = (item.namespace.clone(), item.name.clone());
         let old = existing.remove(&id);
         // A watch event newer than this list may already be stored: keep it.
-        if old.is_some_and(|o| supersedes(&o, item.rv, item.encoding)) {
+        if old.is_some_and(|o| supersedes(o.version(), item.rv, item.encoding)) {
             applied.stale += 1;
             continue;
         }
@@ -907,8 +964,10 @@ mod tests {
         assert_eq!(Record::decode(&r.encode()), Some(r.clone()));
         let mut t = tombstone(item("d", "a", 9, "web"), 6);
         t.left_selection = true;
-        assert_eq!(Record::decode(&t.encode()), Some(t));
+        assert_eq!(Record::decode(&t.encode()), Some(t.clone()));
         let enc = r.encode();
+        assert_eq!(Version::read(&enc), Some(r.version()));
+        assert_eq!(Version::read(&t.encode()), Some(t.version()));
         assert_eq!(Record::decode(&enc[..20]), None);
         assert_eq!(Record::decode(b""), None);
     }
