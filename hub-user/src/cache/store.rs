@@ -766,9 +766,6 @@ fn tombstone(mut item: Item, now: u64) -> Record {
     }
 }
 
-/// True when the stored record (object or tombstone) makes `incoming` pointless: it is
-/// newer, or it is the same state (same resourceVersion) in the same encoding. The same
-/// state in another encoding replaces it: the component's latest way of asking wins.
 /// What the store held when the snapshot was taken.
 pub struct Snapshot {
     objects: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
@@ -783,6 +780,9 @@ impl Snapshot {
     }
 }
 
+/// True when the stored record (object or tombstone) makes `incoming` pointless: it is
+/// newer, or it is the same state (same resourceVersion) in the same encoding. The same
+/// state in another encoding replaces it: the component's latest way of asking wins.
 fn supersedes(stored: Version, incoming_rv: u64, incoming: Encoding) -> bool {
     if incoming_rv == 0 {
         return false;
