@@ -113,8 +113,9 @@ pub fn proxy(rounds: usize) -> Result<()> {
         // SAFETY: single-threaded here; the fixture reads HUB_BIN when it starts a hub.
         unsafe { std::env::set_var("HUB_BIN", &bin) };
         let started = stack.start_hub("other", "bench-node", "");
-        if let Some(own) = own {
-            unsafe { std::env::set_var("HUB_BIN", own) };
+        match own {
+            Some(own) => unsafe { std::env::set_var("HUB_BIN", own) },
+            None => unsafe { std::env::remove_var("HUB_BIN") },
         }
         started
     });
@@ -245,11 +246,35 @@ impl Nginx {
         let d = dir.path().display();
         let port = free_port();
         let (cert, key) = stack.serving_pair();
+        let upstream = stack.direct.trim_start_matches("https://");
+        let (cert, key) = (cert.display(), key.display());
         let conf = format!(
-            "worker_processes 1;\npid {d}/nginx.pid;\nerror_log stderr warn;\nevents {{ worker_connections 1024; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  upstream cloud {{ server {}; keepalive 32; }}\n  server {{\n    listen 127.0.0.1:{port} ssl http2;\n    ssl_certificate {};\n    ssl_certificate_key {};\n    location / {{\n      proxy_pass https://cloud;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n      proxy_read_timeout 300s;\n    }}\n  }}\n}}\n",
-            stack.direct.trim_start_matches("https://"),
-            cert.display(),
-            key.display(),
+            r#"worker_processes 1;
+pid {d}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {d}/body;
+  proxy_temp_path {d}/proxy;
+  fastcgi_temp_path {d}/fastcgi;
+  uwsgi_temp_path {d}/uwsgi;
+  scgi_temp_path {d}/scgi;
+  upstream cloud {{ server {upstream}; keepalive 32; }}
+  server {{
+    listen 127.0.0.1:{port} ssl http2;
+    ssl_certificate {cert};
+    ssl_certificate_key {key};
+    location / {{
+      proxy_pass https://cloud;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 300s;
+    }}
+  }}
+}}
+"#
         );
         let path = dir.path().join("nginx.conf");
         std::fs::write(&path, conf)?;
