@@ -64,8 +64,10 @@ fn row(name: &str, direct: f64, via: f64, unit: &str) {
     );
 }
 
-/// Runs `measure` on every base once per round, the order rotating each round so no base
-/// always follows another; returns each base's samples.
+/// Runs `measure` on every base once per round, in a shuffled order (fixed seed), so each
+/// base follows every other equally often. A rotating order let one base follow the hub
+/// in most rounds and absorb the work the hub defers (its cache writer parsing the list
+/// it just served), which flattered the hub.
 async fn interleaved<F, Fut>(
     bases: &[String],
     rounds: usize,
@@ -76,13 +78,25 @@ where
     Fut: std::future::Future<Output = Result<f64>>,
 {
     let mut samples = vec![Vec::with_capacity(rounds); bases.len()];
-    for i in 0..rounds {
-        for k in 0..bases.len() {
-            let b = (i + k) % bases.len();
+    let mut order: Vec<usize> = (0..bases.len()).collect();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..rounds {
+        shuffle(&mut order, &mut seed);
+        for &b in &order {
             samples[b].push(measure(bases[b].clone()).await?);
         }
     }
     Ok(samples)
+}
+
+/// Fisher-Yates with xorshift64: deterministic, and no dependency for a benchmark's dice.
+fn shuffle(v: &mut [usize], seed: &mut u64) {
+    for i in (1..v.len()).rev() {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        v.swap(i, (*seed % (i as u64 + 1)) as usize);
+    }
 }
 
 pub fn proxy(rounds: usize) -> Result<()> {
