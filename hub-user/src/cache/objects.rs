@@ -19,10 +19,14 @@ pub enum Encoding {
 impl Encoding {
     /// The encoding of a response from its Content-Type (None: not cacheable).
     pub fn of_content_type(ct: &str) -> Option<Encoding> {
-        let ct = ct.trim_start().to_ascii_lowercase();
-        if ct.starts_with("application/vnd.kubernetes.protobuf") {
+        let ct = ct.trim_start().as_bytes();
+        let starts = |prefix: &str| {
+            ct.get(..prefix.len())
+                .is_some_and(|p| p.eq_ignore_ascii_case(prefix.as_bytes()))
+        };
+        if starts("application/vnd.kubernetes.protobuf") {
             Some(Encoding::Protobuf)
-        } else if ct.starts_with("application/json") {
+        } else if starts("application/json") {
             Some(Encoding::Json)
         } else {
             None
@@ -325,12 +329,6 @@ pub struct Identity {
     pub rv: u64,
 }
 
-#[derive(Deserialize)]
-struct Peek<'a> {
-    #[serde(borrow, default)]
-    metadata: PeekMeta<'a>,
-}
-
 #[derive(Deserialize, Default)]
 struct PeekMeta<'a> {
     #[serde(borrow, default)]
@@ -344,14 +342,50 @@ struct PeekMeta<'a> {
 /// The identity of a JSON object without building it: a scan that keeps only metadata's
 /// name, namespace and resourceVersion, so that an answer the cache already holds costs a
 /// fraction of a full parse. None if it is not a JSON object with those.
+///
+/// The scan stops at metadata (the apiserver writes it before spec and status), so the
+/// rest of the body is not checked: a caller that stores the object parses it in full.
 pub fn identify_json(body: &[u8]) -> Option<Identity> {
-    let p: Peek = serde_json::from_slice(body).ok()?;
-    let m = p.metadata;
+    let mut found = None;
+    // Stopping early leaves the object unfinished, which serde_json reports as an error;
+    // what was found before it is what counts.
+    let _ = serde::de::DeserializeSeed::deserialize(
+        MetadataOnly(&mut found),
+        &mut serde_json::Deserializer::from_slice(body),
+    );
+    let m = found?;
     Some(Identity {
         rv: parse_rv(&m.resource_version).ok().filter(|rv| *rv > 0)?,
         namespace: m.namespace.into_owned(),
         name: Some(m.name).filter(|n| !n.is_empty())?.into_owned(),
     })
+}
+
+/// Reads a JSON object's keys up to `metadata`, skipping other values unparsed.
+struct MetadataOnly<'s, 'a>(&'s mut Option<PeekMeta<'a>>);
+
+impl<'de, 's> serde::de::DeserializeSeed<'de> for MetadataOnly<'s, 'de> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de, 's> serde::de::Visitor<'de> for MetadataOnly<'s, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a Kubernetes object")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if key == "metadata" {
+                *self.0 = Some(map.next_value()?);
+                return Ok(());
+            }
+            map.next_value::<serde::de::IgnoredAny>()?;
+        }
+        Ok(())
+    }
 }
 
 /// A GET answer.
@@ -534,6 +568,27 @@ mod tests {
     }
 
     #[test]
+    fn encodings_from_content_types() {
+        for (ct, enc) in [
+            ("application/json", Some(Encoding::Json)),
+            (" Application/JSON;charset=utf-8", Some(Encoding::Json)),
+            (
+                "application/vnd.kubernetes.protobuf;stream=watch",
+                Some(Encoding::Protobuf),
+            ),
+            (
+                "application/json;as=Table;g=meta.k8s.io;v=v1",
+                Some(Encoding::Json),
+            ),
+            ("application/yaml", None),
+            ("application/jso", None),
+            ("", None),
+        ] {
+            assert_eq!(Encoding::of_content_type(ct), enc, "{ct}");
+        }
+    }
+
+    #[test]
     fn identity_without_a_full_parse_agrees_with_it() {
         let body = br#"{"kind":"Pod","apiVersion":"v1","spec":{"x":[1,{"y":"z"}]},
           "metadata":{"name":"a\u002db","namespace":"ns1","resourceVersion":"40","labels":{"k":"v"}}}"#;
@@ -545,6 +600,10 @@ mod tests {
         );
         let cluster = br#"{"kind":"Node","metadata":{"name":"n1","resourceVersion":"7"}}"#;
         assert_eq!(identify_json(cluster).unwrap().namespace, "");
+        // The scan ends at metadata: what follows is left to the full parse.
+        let cut = br#"{"kind":"Pod","metadata":{"name":"a","resourceVersion":"3"},"spec":{"#;
+        assert_eq!(identify_json(cut).unwrap().rv, 3);
+        assert!(parse_object("pods", Encoding::Json, cut).is_err());
         for unknown in [
             &br#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":404}"#[..],
             br#"{"kind":"Pod","metadata":{"name":"a","resourceVersion":"x"}}"#,
