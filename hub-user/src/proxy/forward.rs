@@ -36,12 +36,15 @@ pub fn full(b: impl Into<Bytes>) -> ProxyBody {
 
 /// Copies end-to-end headers; `upgrade` keeps Connection/Upgrade for protocol switches.
 fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, upgrade: bool, drop_auth: bool) {
-    let listed: Vec<String> = from
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
-        .collect();
+    // Headers that Connection names are hop-by-hop too (only HTTP/1.1 clients send it).
+    let has_connection = from.contains_key(header::CONNECTION);
+    let listed = |n: &str| {
+        from.get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|l| l.trim().eq_ignore_ascii_case(n))
+    };
     for (name, value) in from {
         let n = name.as_str();
         if n == "host" || (drop_auth && n == "authorization") {
@@ -51,7 +54,7 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, upgrade: bool, drop_auth: 
             to.append(name.clone(), value.clone());
             continue;
         }
-        if HOP_BY_HOP.contains(&n) || n == "upgrade" || listed.iter().any(|l| l == n) {
+        if HOP_BY_HOP.contains(&n) || n == "upgrade" || (has_connection && listed(n)) {
             continue;
         }
         to.append(name.clone(), value.clone());
@@ -232,4 +235,44 @@ pub fn status(code: StatusCode, reason: &str, message: &str) -> Response<ProxyBo
         )
         .body(full(serde_json::to_vec(&body).expect("json")))
         .expect("static response")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_stay_behind() {
+        let mut from = HeaderMap::new();
+        for (n, v) in [
+            ("connection", "keep-alive, X-Trace"),
+            ("x-trace", "1"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("host", "10.0.0.1"),
+            ("authorization", "Bearer t"),
+            ("accept", "application/json"),
+            ("user-agent", "kubectl/v1.32"),
+        ] {
+            from.append(n, HeaderValue::from_static(v));
+        }
+        let names = |to: &HeaderMap| {
+            let mut v: Vec<String> = to.keys().map(|k| k.to_string()).collect();
+            v.sort();
+            v
+        };
+        let mut to = HeaderMap::new();
+        copy_headers(&from, &mut to, false, false);
+        assert_eq!(names(&to), ["accept", "authorization", "user-agent"]);
+        let mut to = HeaderMap::new();
+        copy_headers(&from, &mut to, false, true);
+        assert_eq!(names(&to), ["accept", "user-agent"]);
+        from.remove("connection");
+        let mut to = HeaderMap::new();
+        copy_headers(&from, &mut to, false, false);
+        assert_eq!(
+            names(&to),
+            ["accept", "authorization", "user-agent", "x-trace"]
+        );
+    }
 }

@@ -15,7 +15,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hyper::{Request, Response, StatusCode, body::Incoming, header};
+use hyper::{
+    Request, Response, StatusCode,
+    body::Incoming,
+    header::{self, HeaderValue},
+};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::{net::TcpListener, sync::watch};
 use tracing::Instrument;
@@ -57,7 +61,7 @@ pub enum Listener {
 }
 
 /// What is known about one client connection.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Conn {
     id: u64,
     listener: Listener,
@@ -65,6 +69,30 @@ struct Conn {
     cert: Option<(String, Vec<String>)>,
     /// The client's cgroup, when interception recorded where the connection came from.
     cgroup_id: u64,
+    /// (component, cache component key) of the last User-Agent seen.
+    component: Memo<Option<HeaderValue>, (&'static str, String)>,
+    /// The cache credential of the last Authorization header seen.
+    credential: Memo<Option<HeaderValue>, String>,
+}
+
+/// The last value worked out from a header on one connection. A client sends the same
+/// User-Agent and token on every request, so a SHA-256 and some string work are done once
+/// per connection instead of once per request.
+#[derive(Debug, Default)]
+struct Memo<K, V>(std::sync::Mutex<Option<(K, V)>>);
+
+impl<K: PartialEq + Clone, V: Clone> Memo<K, V> {
+    fn get(&self, key: &K, work_out: impl FnOnce() -> V) -> V {
+        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((k, v)) = &*last
+            && k == key
+        {
+            return v.clone();
+        }
+        let v = work_out();
+        *last = Some((key.clone(), v.clone()));
+        v
+    }
 }
 
 pub struct Proxy {
@@ -126,6 +154,8 @@ impl Proxy {
                         listener: kind,
                         cert: None,
                         cgroup_id: origin.map_or(0, |o| o.cgroup_id),
+                        component: Memo::default(),
+                        credential: Memo::default(),
                     };
                     match tls {
                         Some(acceptor) => {
@@ -156,6 +186,7 @@ impl Proxy {
     where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
+        let conn = Arc::new(conn);
         let service = hyper::service::service_fn(move |req| {
             let (me, conn) = (self.clone(), conn.clone());
             async move { Ok::<_, std::convert::Infallible>(me.handle(req, &conn).await) }
@@ -194,6 +225,8 @@ impl Proxy {
         })
     }
 
+    /// Routes and answers one request. The branches' futures are boxed: hyper moves this
+    /// future into a task of its own per request, and unboxed it was 5.6 KiB to copy.
     async fn handle(self: &Arc<Self>, req: Request<Incoming>, conn: &Conn) -> Response<ProxyBody> {
         let started = Instant::now();
         let info = RequestInfo::parse(
@@ -201,13 +234,11 @@ impl Proxy {
             req.uri().path(),
             req.uri().query().unwrap_or(""),
         );
-        let user_agent = req
-            .headers()
-            .get(header::USER_AGENT)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let component = component(user_agent);
-        let component_name = cache::component_key(user_agent, conn.cgroup_id);
+        let user_agent = req.headers().get(header::USER_AGENT);
+        let (component, component_name) = conn.component.get(&user_agent.cloned(), || {
+            let ua = user_agent.and_then(|v| v.to_str().ok()).unwrap_or("");
+            (component(ua), cache::component_key(ua, conn.cgroup_id))
+        });
         let who = match self.identity(&req, conn) {
             Ok(w) => w,
             Err(cn) => {
@@ -249,10 +280,12 @@ impl Proxy {
         // SHA-256 of the token) is worked out only if the cache needs it.
         let authorization = req.headers().get(header::AUTHORIZATION).cloned();
         let credential = std::cell::LazyCell::new(|| {
-            cache::credential(
-                authorization.as_ref().map(|v| v.as_bytes()),
-                who == AsWho::Node,
-            )
+            if who == AsWho::Node {
+                return cache::credential(None, true);
+            }
+            conn.credential.get(&authorization, || {
+                cache::credential(authorization.as_ref().map(|v| v.as_bytes()), false)
+            })
         });
         let path = req.uri().path().to_string();
         let query = req.uri().query().unwrap_or("").to_string();
@@ -266,9 +299,15 @@ impl Proxy {
             && who == AsWho::Node
             && offline::replayable(&info)
         {
-            return self
-                .write_or_queue(cache, req, &info, component, &component_name, started)
-                .await;
+            return Box::pin(self.write_or_queue(
+                cache,
+                req,
+                &info,
+                component,
+                &component_name,
+                started,
+            ))
+            .await;
         }
         let mut req = Some(req);
         let mut why = Vec::new();
@@ -283,9 +322,9 @@ impl Proxy {
                     }
                     let Some(req) = req.take() else { break };
                     let result = if is_upgrade(&req) {
-                        forward_upgrade(&self.cloud, req, who).await
+                        Box::pin(forward_upgrade(&self.cloud, req, who)).await
                     } else {
-                        forward(&self.cloud, req, who).await
+                        Box::pin(forward(&self.cloud, req, who)).await
                     };
                     match result {
                         Ok(f) => {
@@ -335,7 +374,7 @@ impl Proxy {
                         credential: &credential,
                     };
                     let cloud_back = move || cloud.health_known() && cloud.healthy();
-                    match cache.serve(asked, Arc::new(cloud_back)).await {
+                    match Box::pin(cache.serve(asked, Arc::new(cloud_back))).await {
                         Ok(resp) => {
                             self.record(
                                 Route::LocalCache,
@@ -376,16 +415,17 @@ impl Proxy {
                     );
                     // A frozen etcd must not hold the client: no answer in time is a
                     // failure (and a signal on the coordinator's health).
-                    let answer = match tokio::time::timeout(COORDINATOR_ANSWER, asked).await {
-                        Ok(a) => a,
-                        Err(_) => {
-                            pool.note_unanswered("a request");
-                            Err(format!(
-                                "no answer within {} ms",
-                                COORDINATOR_ANSWER.as_millis()
-                            ))
-                        }
-                    };
+                    let answer =
+                        match tokio::time::timeout(COORDINATOR_ANSWER, Box::pin(asked)).await {
+                            Ok(a) => a,
+                            Err(_) => {
+                                pool.note_unanswered("a request");
+                                Err(format!(
+                                    "no answer within {} ms",
+                                    COORDINATOR_ANSWER.as_millis()
+                                ))
+                            }
+                        };
                     match answer {
                         Ok(resp) => {
                             self.record(
@@ -593,5 +633,29 @@ impl hyper::body::Body for Counted {
 
     fn is_end_stream(&self) -> bool {
         self.inner.is_end_stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_memo_works_out_again_when_the_header_changes() {
+        let memo: Memo<Option<HeaderValue>, String> = Memo::default();
+        let mut worked = 0;
+        let mut get = |h: Option<&'static str>| {
+            memo.get(&h.map(HeaderValue::from_static), || {
+                worked += 1;
+                cache::credential(h.map(str::as_bytes), false)
+            })
+        };
+        let a = get(Some("Bearer a"));
+        assert_eq!(get(Some("Bearer a")), a);
+        let b = get(Some("Bearer b"));
+        assert_ne!(a, b);
+        assert_eq!(get(None), "anonymous");
+        assert_eq!(get(Some("Bearer a")), a);
+        assert_eq!(worked, 4);
     }
 }
