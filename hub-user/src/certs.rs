@@ -18,10 +18,7 @@ use hyper::{Method, Request};
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, SanType};
 use serde_json::{Value, json};
 
-use crate::{
-    proxy::forward::full,
-    upstream::{Cloud, cloud::AsWho},
-};
+use crate::upstream::{Cloud, cloud::AsWho};
 
 pub const SIGNER: &str = "kubernetes.io/kubelet-serving";
 /// Renew when this share of the lifetime has passed.
@@ -101,14 +98,14 @@ async fn call(
         Bytes::from(serde_json::to_vec(b).expect("json"))
     });
     let (resp, _) = cloud
-        .send(AsWho::Node, |base| {
+        .send(AsWho::Node, |server| {
             Request::builder()
                 .method(method.clone())
-                .uri(format!("{base}{path}"))
+                .uri(server.uri(path.parse().ok()?))
                 .header("Content-Type", "application/json")
                 .header("Accept", "application/json")
                 .header("User-Agent", "hub/csr")
-                .body(full(bytes.clone()))
+                .body(bytes.clone())
                 .ok()
         })
         .await

@@ -38,15 +38,15 @@ struct Setup {
 }
 
 fn setup(n_clouds: usize) -> Setup {
+    setup_with(n_clouds, Options::default)
+}
+
+fn setup_with(n_clouds: usize, options: impl Fn() -> Options) -> Setup {
     let ca = Arc::new(TestCa::new("cloud-ca"));
     let clouds: Vec<StandIn> = (0..n_clouds)
         .map(|_| {
-            let s = StandIn::start_with_ca(
-                "127.0.0.1:0".parse().unwrap(),
-                Options::default(),
-                ca.clone(),
-            )
-            .unwrap();
+            let s = StandIn::start_with_ca("127.0.0.1:0".parse().unwrap(), options(), ca.clone())
+                .unwrap();
             s.state.auth.write().unwrap().add_test_identities();
             seed::cluster(&s.state.store, 2, 3);
             s
@@ -289,6 +289,34 @@ fn a_10k_event_watch_arrives_complete_and_in_order() {
         assert_eq!(ev["object"]["metadata"]["name"], format!("cm-{i}"));
         last = this;
     }
+}
+
+#[test]
+fn a_cloud_without_http2_is_reached_over_http11() {
+    let s = setup_with(1, || Options {
+        http1_only: true,
+        ..Default::default()
+    });
+    let cloud = &s.clouds[0];
+    let c = s.client(Some(ADMIN_TOKEN), false);
+    let pods = c.get("/api/v1/pods");
+    assert_eq!(pods.status, 200, "{}", String::from_utf8_lossy(&pods.body));
+    assert!(last_audit(cloud, "/api/v1/pods").bearer);
+    let kubelet = s.client(None, true);
+    assert_eq!(kubelet.get("/api/v1/nodes").status, 200);
+    assert_eq!(
+        last_audit(cloud, "/api/v1/nodes").user,
+        format!("system:node:{NODE}")
+    );
+    // A watch streams over the HTTP/1.1 connection too.
+    let rv = cloud.state.store.current_rv();
+    let mut w = c.stream(&format!(
+        "/api/v1/namespaces/default/configmaps?watch=true&resourceVersion={rv}"
+    ));
+    assert_eq!(w.status, 200);
+    seed::configmap(&cloud.state.store, "default", "over-h1", json!({}));
+    let ev = w.next_event(Duration::from_secs(10)).expect("the event");
+    assert_eq!(ev["object"]["metadata"]["name"], "over-h1");
 }
 
 #[test]

@@ -230,14 +230,14 @@ async fn send(
 ) -> Option<(StatusCode, Bytes)> {
     let ua = format!("{}/offline-replay (hub)", q.component);
     let (resp, _) = cloud
-        .send(AsWho::Node, |base| {
+        .send(AsWho::Node, |server| {
             Request::builder()
                 .method(method.clone())
-                .uri(format!("{base}{}", q.path_and_query))
+                .uri(server.uri(q.path_and_query.parse().ok()?))
                 .header(header::CONTENT_TYPE, &q.content_type)
                 .header(header::ACCEPT, "application/json")
                 .header(header::USER_AGENT, &ua)
-                .body(full(body.clone()))
+                .body(body.clone())
                 .ok()
         })
         .await

@@ -28,7 +28,7 @@ use super::{
 use crate::{
     kproto,
     proxy::{forward::status, request::RequestInfo},
-    upstream::cloud::ProxyBody,
+    upstream::cloud::{BodyError, ProxyBody},
 };
 
 /// What an offline answer says about itself (kubectl prints Warning headers).
@@ -605,12 +605,12 @@ struct ChannelBody(mpsc::Receiver<Bytes>);
 
 impl Body for ChannelBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         self.0
             .poll_recv(cx)
             .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))

@@ -14,7 +14,7 @@ use super::{
     objects::Encoding,
     writer::{Op, Target, Writer},
 };
-use crate::upstream::cloud::ProxyBody;
+use crate::upstream::cloud::{BodyError, ProxyBody};
 
 /// Answers larger than this are passed on but not cached.
 pub const MAX_CACHED_BODY: usize = 64 * 1024 * 1024;
@@ -151,12 +151,12 @@ impl Tee {
 
 impl Body for Tee {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {

@@ -14,14 +14,13 @@ use std::{
 };
 
 use http_body_util::BodyExt;
-use hyper::{Request, StatusCode, body::Incoming, header};
+use hyper::{Request, StatusCode, header};
 use tokio::task::JoinSet;
 
 use super::pool::split_gvr;
 use crate::{
     cache::objects::{self, Encoding, Item},
-    proxy::forward::full,
-    upstream::cloud::{AsWho, Cloud},
+    upstream::cloud::{AsWho, Cloud, ProxyBody},
 };
 
 /// GETs in flight at once for one push.
@@ -44,14 +43,14 @@ pub async fn get_as_node(
     cloud: &Cloud,
     path_and_query: &str,
     user_agent: &str,
-) -> Result<hyper::Response<Incoming>, GetError> {
+) -> Result<hyper::Response<ProxyBody>, GetError> {
     let (resp, _) = cloud
-        .send(AsWho::Node, |base| {
+        .send(AsWho::Node, |server| {
             Request::builder()
-                .uri(format!("{base}{path_and_query}"))
+                .uri(server.uri(path_and_query.parse().ok()?))
                 .header(header::ACCEPT, "application/json")
                 .header(header::USER_AGENT, user_agent)
-                .body(full(bytes::Bytes::new()))
+                .body(bytes::Bytes::new())
                 .ok()
         })
         .await

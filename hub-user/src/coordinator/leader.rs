@@ -24,7 +24,7 @@ use super::{
 };
 use crate::{
     cache::objects::{self, Encoding, EventType, Item},
-    upstream::cloud::Cloud,
+    upstream::cloud::{Cloud, ProxyBody},
 };
 
 pub const SYNCED_PREFIX: &str = "/hub/synced/";
@@ -148,10 +148,7 @@ async fn sync_resource(
 }
 
 impl Syncer {
-    async fn get(
-        &self,
-        path_and_query: &str,
-    ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+    async fn get(&self, path_and_query: &str) -> Result<hyper::Response<ProxyBody>, String> {
         get_as_node(&self.cloud, path_and_query, USER_AGENT)
             .await
             .map_err(|e| e.message)

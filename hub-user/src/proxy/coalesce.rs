@@ -9,7 +9,7 @@ use std::{
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body, Frame};
 
-use crate::upstream::cloud::ProxyBody;
+use crate::upstream::cloud::{BodyError, ProxyBody};
 
 /// Upper bound of one merged frame.
 const MAX_MERGED: usize = 64 * 1024;
@@ -17,7 +17,7 @@ const MAX_MERGED: usize = 64 * 1024;
 pub struct Coalesce {
     inner: ProxyBody,
     /// A non-data frame (trailers) or an error seen while merging, returned next.
-    pending: Option<Result<Frame<Bytes>, hyper::Error>>,
+    pending: Option<Result<Frame<Bytes>, BodyError>>,
     done: bool,
 }
 
@@ -33,12 +33,12 @@ impl Coalesce {
 
 impl Body for Coalesce {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         if let Some(p) = self.pending.take() {
             return Poll::Ready(Some(p));
         }

@@ -8,12 +8,13 @@ use hyper::{
     HeaderMap, Request, Response, StatusCode,
     body::Incoming,
     header::{self, HeaderValue},
+    http::uri::PathAndQuery,
 };
 use hyper_util::rt::TokioIo;
 
 use crate::upstream::{
     Cloud, UpstreamError,
-    cloud::{AsWho, ProxyBody},
+    cloud::{AsWho, BodyError, ProxyBody},
 };
 
 /// Requests bigger than kube-apiserver accepts are refused before reading them all.
@@ -124,16 +125,16 @@ pub async fn forward_parts(
     let path = parts
         .uri
         .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_string();
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
     let drop_auth = who == AsWho::Node;
     let (resp, server) = cloud
-        .send(who, |base| {
+        .send(who, |server| {
             let mut b = Request::builder()
                 .method(parts.method.clone())
-                .uri(format!("{base}{path}"));
+                .uri(server.uri(path.clone()));
             copy_headers(&parts.headers, b.headers_mut()?, false, drop_auth);
-            b.body(full(body.clone())).ok()
+            b.body(body.clone()).ok()
         })
         .await?;
     let (rparts, rbody) = resp.into_parts();
@@ -195,7 +196,7 @@ pub async fn forward_upgrade(
         }
         return Ok(Forwarded {
             response: out
-                .body(rbody.boxed())
+                .body(rbody.map_err(BodyError::from).boxed())
                 .map_err(|e| ForwardError::Body(e.to_string()))?,
             server: server_name,
         });

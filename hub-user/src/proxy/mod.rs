@@ -37,7 +37,7 @@ use crate::{
     state::{ConnRecord, HubState},
     upstream::{
         Cloud,
-        cloud::{AsWho, ProxyBody},
+        cloud::{AsWho, BodyError, ProxyBody},
     },
 };
 
@@ -260,10 +260,7 @@ impl Proxy {
             coordinator_healthy: self.pool.as_ref().is_some_and(|p| p.healthy()),
             // Without a pool, this hub reads everything from the cloud itself.
             leader: self.pool.as_ref().is_none_or(|p| p.is_leader()),
-            pool_scope: info.is_resource && {
-                let gvr = info.gvr();
-                self.pool_scope.contains(&gvr)
-            },
+            pool_scope: info.is_resource && self.pool_scope.iter().any(|g| info.gvr_is(g)),
             cloud_only: !info.is_read(),
         };
         let streaming = info.verb == "watch"
@@ -622,7 +619,7 @@ impl Drop for Counted {
 
 impl hyper::body::Body for Counted {
     type Data = bytes::Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,

@@ -128,6 +128,15 @@ impl RequestInfo {
         format!("{}/{}/{}", self.group, self.version, self.resource)
     }
 
+    /// Whether `gvr` (as [`RequestInfo::gvr`] writes it) names this request's resource;
+    /// checked per request, so without building the string.
+    pub fn gvr_is(&self, gvr: &str) -> bool {
+        let mut parts = gvr.splitn(3, '/');
+        parts.next() == Some(self.group.as_str())
+            && parts.next() == Some(self.version.as_str())
+            && parts.next() == Some(self.resource.as_str())
+    }
+
     /// A read the caches could answer (a get/list/watch of an object or discovery).
     pub fn is_read(&self) -> bool {
         matches!(self.verb, "get" | "list" | "watch")
@@ -187,6 +196,16 @@ mod tests {
             (r.verb, r.gvr()),
             ("watch", "discovery.k8s.io/v1/endpointslices".into())
         );
+        assert!(r.gvr_is(&r.gvr()));
+        for other in [
+            "discovery.k8s.io/v1",
+            "discovery.k8s.io/v1/endpointslices/x",
+            "discovery.k8s.io/v1beta1/endpointslices",
+            "/v1/endpointslices",
+            "",
+        ] {
+            assert!(!r.gvr_is(other), "{other}");
+        }
         let r = RequestInfo::parse(
             &Method::POST,
             "/api/v1/namespaces/default/pods/p/exec",

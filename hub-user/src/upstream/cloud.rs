@@ -1,7 +1,9 @@
 //! The cloud apiservers: several servers balanced round-robin over the healthy ones, each
 //! health-checked by an active `/readyz` probe and by passive signals from real traffic.
-//! Two pooled clients: one presents no client certificate (requests carrying the pod's own
-//! bearer token), one presents the node identity (kubelet-style requests).
+//! Two identities: one presents no client certificate (requests carrying the pod's own
+//! bearer token), one presents the node identity (kubelet-style requests); each has one
+//! HTTP/2 connection per server (`channel`), or hyper's pooled HTTP/1.1 client for servers
+//! without HTTP/2.
 use std::{
     sync::{
         Arc, RwLock,
@@ -11,19 +13,41 @@ use std::{
 };
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, combinators::BoxBody};
-use hyper::{Request, Response, Uri, body::Incoming};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::{
+    Request, Response, Uri,
+    http::uri::{Authority, PathAndQuery, Scheme},
+};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use serde::Serialize;
 
 use super::{
     ServerUrl,
+    channel::{Channel, ChannelError},
     connect::{Conn, MarkedConnector},
     health::Health,
     identity::{ClientIdentity, client_config},
 };
 
-pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
+pub type ProxyBody = BoxBody<Bytes, BodyError>;
+
+/// Why an answer's body could not be read to its end. A concrete type rather than a boxed
+/// error: rustc cannot prove boxed trait objects general enough inside spawned futures.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BodyError(String);
+
+impl From<hyper::Error> for BodyError {
+    fn from(e: hyper::Error) -> Self {
+        BodyError(source_chain(&e))
+    }
+}
+
+impl From<h2::Error> for BodyError {
+    fn from(e: h2::Error) -> Self {
+        BodyError(source_chain(&e))
+    }
+}
 
 /// How often each server is probed; with two failures needed, an outage is seen in ~1 s.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(400);
@@ -43,8 +67,22 @@ pub enum UpstreamError {
 
 pub struct Server {
     pub url: ServerUrl,
-    pub base: String,
+    /// Its place in `Cloud::servers`, and in each identity's channels.
+    index: usize,
+    scheme: Scheme,
+    authority: Authority,
     pub health: Health,
+}
+
+impl Server {
+    /// This server's URL for a path and query (parsed once by the caller, not per server).
+    pub fn uri(&self, path_and_query: PathAndQuery) -> Uri {
+        let mut parts = hyper::http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(path_and_query);
+        Uri::from_parts(parts).expect("a scheme, an authority and a path make a URI")
+    }
 }
 
 /// Which identity the hub uses towards the cloud for a request.
@@ -58,17 +96,35 @@ pub enum AsWho {
 
 type Pool = Client<MarkedConnector, ProxyBody>;
 
+/// How the hub reaches the cloud as one identity.
+struct Transport {
+    /// One HTTP/2 connection per server, by `Server::index`.
+    channels: Vec<Channel>,
+    /// For servers without HTTP/2.
+    http1: Pool,
+    /// Fresh HTTP/1.1 connections, for upgrades.
+    upgrades: MarkedConnector,
+}
+
 struct Transports {
-    caller: Pool,
-    node: Option<Pool>,
-    caller_h1: MarkedConnector,
-    node_h1: Option<MarkedConnector>,
+    caller: Transport,
+    node: Option<Transport>,
+}
+
+impl Transports {
+    fn of(&self, who: AsWho) -> &Transport {
+        match who {
+            AsWho::Node => self.node.as_ref().unwrap_or(&self.caller),
+            AsWho::Caller => &self.caller,
+        }
+    }
 }
 
 pub struct Cloud {
     pub servers: Vec<Arc<Server>>,
     next: AtomicUsize,
-    transports: RwLock<Transports>,
+    /// Replaced whole when the node identity rotates; requests hold the one they started on.
+    transports: RwLock<Arc<Transports>>,
     roots: rustls::RootCertStore,
     mark: u32,
 }
@@ -97,20 +153,24 @@ impl Cloud {
     ) -> Result<Cloud, String> {
         let servers = urls
             .iter()
-            .map(|u| {
+            .enumerate()
+            .map(|(index, u)| {
                 let url = ServerUrl::parse(u)?;
+                let bad = |e: hyper::http::Error| format!("`{u}`: {e}");
                 Ok(Arc::new(Server {
-                    base: format!("{}://{}", url.scheme, url.authority()),
+                    index,
+                    scheme: Scheme::try_from(url.scheme.as_str()).map_err(|e| bad(e.into()))?,
+                    authority: Authority::try_from(url.authority()).map_err(|e| bad(e.into()))?,
                     url,
                     health: Health::default(),
                 }))
             })
             .collect::<Result<Vec<_>, String>>()?;
-        let transports = Self::transports(&roots, node, mark)?;
+        let transports = Self::transports(&roots, node, mark, servers.len())?;
         Ok(Cloud {
             servers,
             next: AtomicUsize::new(0),
-            transports: RwLock::new(transports),
+            transports: RwLock::new(Arc::new(transports)),
             roots,
             mark,
         })
@@ -120,27 +180,36 @@ impl Cloud {
         roots: &rustls::RootCertStore,
         node: Option<&ClientIdentity>,
         mark: u32,
+        servers: usize,
     ) -> Result<Transports, String> {
-        let both: &[&[u8]] = &[b"h2", b"http/1.1"];
-        let h1: &[&[u8]] = &[b"http/1.1"];
-        let conn = |id: Option<&ClientIdentity>, alpn| {
-            client_config(roots, id, alpn)
-                .map(|tls| MarkedConnector { tls, mark })
-                .map_err(|e| e.to_string())
+        let transport = |id: Option<&ClientIdentity>| -> Result<Transport, String> {
+            let conn = |alpn: &[&[u8]]| {
+                client_config(roots, id, alpn)
+                    .map(|tls| MarkedConnector { tls, mark })
+                    .map_err(|e| e.to_string())
+            };
+            let (h2, h1) = (conn(&[b"h2", b"http/1.1"])?, conn(&[b"http/1.1"])?);
+            Ok(Transport {
+                channels: (0..servers).map(|_| Channel::new(h2.clone())).collect(),
+                http1: pool(h1.clone()),
+                upgrades: h1,
+            })
         };
         Ok(Transports {
-            caller: pool(conn(None, both)?),
-            node: node.map(|n| conn(Some(n), both)).transpose()?.map(pool),
-            caller_h1: conn(None, h1)?,
-            node_h1: node.map(|n| conn(Some(n), h1)).transpose()?,
+            caller: transport(None)?,
+            node: node.map(|n| transport(Some(n))).transpose()?,
         })
     }
 
     /// Swaps in a rotated node identity; open connections finish on the old one.
     pub fn set_node_identity(&self, node: &ClientIdentity) -> Result<(), String> {
-        let t = Self::transports(&self.roots, Some(node), self.mark)?;
-        *self.transports.write().unwrap() = t;
+        let t = Self::transports(&self.roots, Some(node), self.mark, self.servers.len())?;
+        *self.transports.write().unwrap() = Arc::new(t);
         Ok(())
+    }
+
+    fn current(&self) -> Arc<Transports> {
+        self.transports.read().unwrap().clone()
     }
 
     /// The SO_MARK its sockets carry.
@@ -149,7 +218,7 @@ impl Cloud {
     }
 
     pub fn has_node_identity(&self) -> bool {
-        self.transports.read().unwrap().node.is_some()
+        self.current().node.is_some()
     }
 
     /// True while at least one server is healthy.
@@ -186,30 +255,43 @@ impl Cloud {
         v
     }
 
-    fn pool(&self, who: AsWho) -> Pool {
-        let t = self.transports.read().unwrap();
-        match who {
-            AsWho::Node => t.node.clone().unwrap_or_else(|| t.caller.clone()),
-            AsWho::Caller => t.caller.clone(),
+    /// One attempt at `server`: over its HTTP/2 connection, or hyper's HTTP/1.1 pool once
+    /// the server turned out not to offer HTTP/2 (NotHttp2: nothing was sent, try again).
+    async fn attempt(
+        transport: &Transport,
+        server: &Server,
+        req: Request<Bytes>,
+    ) -> Result<Response<ProxyBody>, ChannelError> {
+        let channel = &transport.channels[server.index];
+        if !channel.http1_only() {
+            return channel.request(server, req).await;
+        }
+        let req = req.map(|b| Full::new(b).map_err(|never| match never {}).boxed());
+        match transport.http1.request(req).await {
+            Ok(resp) => Ok(resp.map(|b| b.map_err(BodyError::from).boxed())),
+            Err(e) if e.is_connect() => Err(ChannelError::Connect(source_chain(&e))),
+            Err(e) => Err(ChannelError::Failed(source_chain(&e))),
         }
     }
 
-    /// Sends a request built by `build` (called once per attempt with the server's base
-    /// URL). A server that cannot be connected to is marked and the next one is tried,
+    /// Sends a request built by `build` (called once per attempt with the server to send
+    /// it to). A server that cannot be connected to is marked and the next one is tried,
     /// which is safe for any method because nothing was sent.
     pub async fn send(
         &self,
         who: AsWho,
-        mut build: impl FnMut(&str) -> Option<Request<ProxyBody>>,
-    ) -> Result<(Response<Incoming>, Arc<Server>), UpstreamError> {
-        let pool = self.pool(who);
+        mut build: impl FnMut(&Server) -> Option<Request<Bytes>>,
+    ) -> Result<(Response<ProxyBody>, Arc<Server>), UpstreamError> {
+        let transports = self.current();
+        let transport = transports.of(who);
         let mut last = String::from("no cloud servers configured");
-        let mut tried = 0;
-        for server in self.order() {
-            let Some(req) = build(&server.base) else {
+        let order = self.order();
+        let (mut at, mut resends) = (0, 0);
+        while let Some(server) = order.get(at).cloned() {
+            let Some(req) = build(&server) else {
                 break;
             };
-            tried += 1;
+            at += 1;
             // Waiting for headers ends early if the server is found dead meanwhile (by the
             // probe or other requests): the client then gets the next route at once instead
             // of a 60 s hang.
@@ -222,7 +304,7 @@ impl Cloud {
                 }
             };
             let answer = tokio::select! {
-                r = tokio::time::timeout(HEADER_TIMEOUT, pool.request(req)) => r,
+                r = tokio::time::timeout(HEADER_TIMEOUT, Self::attempt(transport, &server, req)) => r,
                 () = abandoned => {
                     last = format!("{}: marked unhealthy while waiting for its answer", server.url.authority());
                     continue;
@@ -239,15 +321,21 @@ impl Cloud {
                     }
                     return Ok((resp, server));
                 }
-                Ok(Err(e)) if e.is_connect() => {
+                // Nothing was sent (no HTTP/2 there, or its connection just ended): the
+                // same server again, over HTTP/1.1 or a new connection.
+                Ok(Err(ChannelError::NotHttp2 | ChannelError::Refused(_))) if resends < 2 => {
+                    resends += 1;
+                    at -= 1;
+                }
+                Ok(Err(ChannelError::Connect(e))) => {
                     server.health.failure(&format!("connect: {e}"));
-                    last = format!("{}: {}", server.url.authority(), source_chain(&e));
+                    last = format!("{}: {e}", server.url.authority());
                 }
                 Ok(Err(e)) => {
                     server.health.failure(&e.to_string());
                     return Err(UpstreamError::Failed {
                         server: server.url.authority(),
-                        reason: source_chain(&e),
+                        reason: e.to_string(),
                     });
                 }
                 Err(_) => {
@@ -259,26 +347,19 @@ impl Cloud {
                 }
             }
         }
-        Err(UpstreamError::Unreachable { tried, last })
+        Err(UpstreamError::Unreachable { tried: at, last })
     }
 
     /// A fresh HTTP/1.1 connection for an upgrade (exec, attach, port-forward), to the
     /// first healthy server.
     pub async fn open_upgrade(&self, who: AsWho) -> Result<(Conn, Arc<Server>), UpstreamError> {
-        let connector = {
-            let t = self.transports.read().unwrap();
-            match who {
-                AsWho::Node => t.node_h1.clone().unwrap_or_else(|| t.caller_h1.clone()),
-                AsWho::Caller => t.caller_h1.clone(),
-            }
-        };
+        let connector = self.current().of(who).upgrades.clone();
         let mut last = String::from("no cloud servers configured");
         for server in self.order() {
-            let uri: Uri = match server.base.parse() {
-                Ok(u) => u,
-                Err(_) => continue,
-            };
-            match connector.open(&uri).await {
+            match connector
+                .open(&server.uri(PathAndQuery::from_static("/")))
+                .await
+            {
                 Ok(c) => {
                     server.health.success();
                     return Ok((c, server));
@@ -304,30 +385,37 @@ impl Cloud {
                 _ = tick.tick() => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
-            let pool = self.pool(AsWho::Node);
+            // Over the connections requests use, so a connection that died is noticed.
+            let transports = self.current();
             let probes: Vec<_> = self
                 .servers
                 .iter()
                 .cloned()
                 .map(|s| {
-                    let pool = pool.clone();
+                    let transports = transports.clone();
                     tokio::spawn(async move {
-                        let req = Request::get(format!("{}/readyz", s.base))
-                            .body(
-                                Empty::<Bytes>::new()
-                                    .map_err(|never| match never {})
-                                    .boxed(),
-                            )
-                            .expect("probe request");
-                        match tokio::time::timeout(PROBE_TIMEOUT, pool.request(req)).await {
+                        let readyz = |s: &Server| {
+                            Request::get(s.uri(PathAndQuery::from_static("/readyz")))
+                                .body(Bytes::new())
+                                .expect("probe request")
+                        };
+                        let transport = transports.of(AsWho::Node);
+                        let probe = async {
+                            match Self::attempt(transport, &s, readyz(&s)).await {
+                                // Nothing was sent: again, over HTTP/1.1 or a new connection.
+                                Err(ChannelError::NotHttp2 | ChannelError::Refused(_)) => {
+                                    Self::attempt(transport, &s, readyz(&s)).await
+                                }
+                                answered => answered,
+                            }
+                        };
+                        match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
                             Ok(Ok(resp)) if resp.status().is_server_error() => s
                                 .health
                                 .soft_failure(&format!("/readyz answered {}", resp.status())),
                             // Any other answer (even 401/403) means the server is up and serving.
                             Ok(Ok(_)) => s.health.success(),
-                            Ok(Err(e)) => {
-                                s.health.failure(&format!("/readyz: {}", source_chain(&e)))
-                            }
+                            Ok(Err(e)) => s.health.failure(&format!("/readyz: {e}")),
                             Err(_) => s.health.failure("/readyz timed out"),
                         }
                     })

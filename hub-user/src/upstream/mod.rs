@@ -1,6 +1,7 @@
 //! The cloud side: apiserver endpoints, their health, and the pooled HTTP clients that
 //! reach them over sockets carrying the bypass mark (so the hub's own connections are
 //! never redirected back to itself).
+pub mod channel;
 pub mod cloud;
 pub mod connect;
 pub mod health;

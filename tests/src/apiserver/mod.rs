@@ -62,6 +62,9 @@ pub struct Options {
     pub auto_approve_csrs: bool,
     /// Lifetime of certificates the stand-in signs for approved CSRs.
     pub csr_cert_lifetime: Duration,
+    /// Offer only HTTP/1.1 in ALPN, like an apiserver behind an HTTP/1.1 proxy or with
+    /// HTTP/2 serving turned off (as some were after CVE-2023-44487).
+    pub http1_only: bool,
 }
 
 impl Default for Options {
@@ -73,6 +76,7 @@ impl Default for Options {
             sans: vec![],
             auto_approve_csrs: false,
             csr_cert_lifetime: Duration::from_secs(365 * 86400),
+            http1_only: false,
         }
     }
 }
@@ -146,7 +150,10 @@ impl StandIn {
         sans.extend(options.sans.iter().cloned());
         let san_refs: Vec<&str> = sans.iter().map(String::as_str).collect();
         let serving = ca.server(&san_refs);
-        let tls = ca.server_config(&serving);
+        let mut tls = ca.server_config(&serving);
+        if options.http1_only {
+            Arc::make_mut(&mut tls).alpn_protocols = vec![b"http/1.1".to_vec()];
+        }
         let mut auth = Auth::new();
         auth.add_token(ADMIN_TOKEN, "admin", &["system:masters"]);
         let state = Arc::new(State {

@@ -1,0 +1,246 @@
+//! The connection a cloud server's requests share: one HTTP/2 connection per server and
+//! identity (as client-go keeps one), driven with the h2 crate directly. hyper's pooled
+//! client did the same through a pool checkout, a channel hop to its connection task and a
+//! task spawned per request — ~9 % of the hub's CPU per proxied GET (callgrind). Servers
+//! that do not offer HTTP/2 (plain http://, or ALPN without h2) are left to hyper's pooled
+//! HTTP/1.1 client by the caller.
+use std::{
+    pin::Pin,
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    task::{Context, Poll, ready},
+};
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use http_body_util::BodyExt;
+use hyper::{
+    Request, Response,
+    body::{Body, Frame},
+    http::uri::PathAndQuery,
+};
+
+use super::{
+    cloud::{BodyError, ProxyBody, Server},
+    connect::{Conn, MarkedConnector},
+};
+
+/// Flow-control windows and limits as hyper's client sets them: a 1k-pod LIST streams
+/// without waiting for window updates.
+const STREAM_WINDOW: u32 = 2 << 20;
+const CONNECTION_WINDOW: u32 = 5 << 20;
+const MAX_HEADER_LIST: u32 = 16 << 10;
+const MAX_SEND_BUFFER: usize = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    /// Nothing was sent: the server could not be reached.
+    #[error("connect: {0}")]
+    Connect(String),
+    /// The server does not speak HTTP/2: nothing was sent, the caller sends it otherwise.
+    #[error("the server does not offer HTTP/2")]
+    NotHttp2,
+    /// The connection ended as the request was sent, or the server refused the stream:
+    /// it did nothing with the request, which the caller may send again.
+    #[error("the request was refused before it was processed: {0}")]
+    Refused(String),
+    /// Sent (or possibly sent) and failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+#[derive(Clone)]
+struct Slot {
+    sender: SendRequest<Bytes>,
+    generation: u64,
+}
+
+pub struct Channel {
+    connector: MarkedConnector,
+    /// The live connection: None before the first request and after one ended.
+    slot: tokio::sync::Mutex<Option<Slot>>,
+    /// Numbers connections, so a request that saw one end drops that one only.
+    generations: AtomicU64,
+    http1_only: AtomicBool,
+}
+
+impl Channel {
+    pub fn new(connector: MarkedConnector) -> Channel {
+        Channel {
+            connector,
+            slot: tokio::sync::Mutex::new(None),
+            generations: AtomicU64::new(0),
+            http1_only: AtomicBool::new(false),
+        }
+    }
+
+    /// The server answered ALPN without h2 (or is plain http://).
+    pub fn http1_only(&self) -> bool {
+        self.http1_only.load(Ordering::Relaxed)
+    }
+
+    /// Sends `req` to `server` and returns its answer once the headers arrive; the body
+    /// streams as the server sends it, with flow control released as it is read.
+    pub async fn request(
+        &self,
+        server: &Server,
+        req: Request<Bytes>,
+    ) -> Result<Response<ProxyBody>, ChannelError> {
+        let (parts, body) = req.into_parts();
+        let end_of_stream = body.is_empty();
+        let mut slot = self.ready(server).await?;
+        let (answer, mut stream) = match slot
+            .sender
+            .send_request(Request::from_parts(parts, ()), end_of_stream)
+        {
+            Ok(sent) => sent,
+            Err(e) => {
+                // The connection ended (closed, or GOAWAY) after it said it was ready.
+                self.forget(slot.generation).await;
+                return Err(ChannelError::Refused(e.to_string()));
+            }
+        };
+        if !end_of_stream {
+            // Buffered by h2 beyond the flow-control window (bodies are at most 3 MiB).
+            stream
+                .send_data(body, true)
+                .map_err(|e| ChannelError::Failed(e.to_string()))?;
+        }
+        let resp = answer.await.map_err(|e| {
+            // REFUSED_STREAM promises the server did nothing with it (RFC 9113 §8.7).
+            if e.reason() == Some(h2::Reason::REFUSED_STREAM) {
+                ChannelError::Refused(e.to_string())
+            } else {
+                ChannelError::Failed(e.to_string())
+            }
+        })?;
+        Ok(resp.map(|recv| {
+            ReceivedBody {
+                recv,
+                data_done: false,
+                done: false,
+            }
+            .boxed()
+        }))
+    }
+
+    /// A sender ready for one more stream (it waits while the server's stream limit is
+    /// reached), connecting when there is no live connection.
+    async fn ready(&self, server: &Server) -> Result<Slot, ChannelError> {
+        let current = self.slot.lock().await.clone();
+        if let Some(slot) = current {
+            match slot.sender.ready().await {
+                Ok(sender) => {
+                    return Ok(Slot {
+                        sender,
+                        generation: slot.generation,
+                    });
+                }
+                Err(_) => self.forget(slot.generation).await,
+            }
+        }
+        let mut guard = self.slot.lock().await;
+        // Requests that found no connection wait here for one to be made, not one each.
+        if guard.is_none() {
+            *guard = Some(Slot {
+                sender: self.connect(server).await?,
+                generation: self.generations.fetch_add(1, Ordering::Relaxed),
+            });
+        }
+        let slot = guard.clone().expect("just filled");
+        drop(guard);
+        let generation = slot.generation;
+        slot.sender
+            .ready()
+            .await
+            .map(|sender| Slot { sender, generation })
+            .map_err(|e| ChannelError::Failed(e.to_string()))
+    }
+
+    /// Drops the connection of `generation` if it is still the current one.
+    async fn forget(&self, generation: u64) {
+        let mut slot = self.slot.lock().await;
+        if slot.as_ref().is_some_and(|s| s.generation == generation) {
+            *slot = None;
+        }
+    }
+
+    async fn connect(&self, server: &Server) -> Result<SendRequest<Bytes>, ChannelError> {
+        let conn = self
+            .connector
+            .open(&server.uri(PathAndQuery::from_static("/")))
+            .await
+            .map_err(|e| ChannelError::Connect(e.to_string()))?;
+        let tls = match conn {
+            Conn::Tls(tls) if tls.inner().get_ref().1.alpn_protocol() == Some(b"h2") => {
+                (*tls).into_inner()
+            }
+            _ => {
+                self.http1_only.store(true, Ordering::Relaxed);
+                return Err(ChannelError::NotHttp2);
+            }
+        };
+        let (sender, connection) = h2::client::Builder::new()
+            .initial_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_header_list_size(MAX_HEADER_LIST)
+            .max_send_buffer_size(MAX_SEND_BUFFER)
+            .enable_push(false)
+            .handshake::<_, Bytes>(tls)
+            .await
+            .map_err(|e| ChannelError::Connect(format!("HTTP/2 handshake: {e}")))?;
+        let authority = server.url.authority();
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(server = %authority, "cloud connection ended: {e}");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+/// An answer's body as h2 receives it: data frames, then trailers if any. Each frame's
+/// bytes are handed back to the connection's flow-control window once read, so a slow
+/// client slows its own stream, not the others on the connection.
+struct ReceivedBody {
+    recv: h2::RecvStream,
+    data_done: bool,
+    done: bool,
+}
+
+impl Body for ReceivedBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if !self.data_done {
+            match ready!(self.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let _ = self.recv.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(e)) => {
+                    self.done = true;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+                None => self.data_done = true,
+            }
+        }
+        let trailers = ready!(self.recv.poll_trailers(cx));
+        self.done = true;
+        match trailers {
+            Ok(Some(t)) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
+            Ok(None) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(e.into()))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.recv.is_end_stream()
+    }
+}
