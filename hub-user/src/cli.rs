@@ -314,7 +314,8 @@ fn run(args: RunArgs) -> ExitCode {
     // Measured on 2 cores: cross-thread wake-ups (futex, scheduler hops between a client
     // connection and its pooled upstream) cost more than a second worker gains — GET
     // through the hub 1.33x direct with one worker vs 1.60x with two — and a current-thread
-    // runtime, with no worker handoff at all, cost 7 % less CPU per GET than one worker.
+    // runtime, with no worker handoff at all, cost 7 % less CPU per GET than one worker
+    // (one run, both builds in the same rounds).
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

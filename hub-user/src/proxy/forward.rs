@@ -250,7 +250,7 @@ mod tests {
             ("x-trace", "1"),
             ("keep-alive", "timeout=5"),
             ("transfer-encoding", "chunked"),
-            ("host", "10.0.0.1"),
+            ("host", "127.0.0.1"),
             ("authorization", "Bearer t"),
             ("accept", "application/json"),
             ("user-agent", "kubectl/v1.32"),
