@@ -149,11 +149,13 @@ impl Channel {
         let slot = guard.clone().expect("just filled");
         drop(guard);
         let generation = slot.generation;
-        slot.sender
-            .ready()
-            .await
-            .map(|sender| Slot { sender, generation })
-            .map_err(|e| ChannelError::Failed(e.to_string()))
+        match slot.sender.ready().await {
+            Ok(sender) => Ok(Slot { sender, generation }),
+            Err(e) => {
+                self.forget(generation).await;
+                Err(ChannelError::Refused(e.to_string()))
+            }
+        }
     }
 
     /// Drops the connection of `generation` if it is still the current one.
@@ -165,6 +167,11 @@ impl Channel {
     }
 
     async fn connect(&self, server: &Server) -> Result<SendRequest<Bytes>, ChannelError> {
+        if server.url.scheme != "https" {
+            // No TLS, no ALPN: HTTP/2 is never offered there.
+            self.http1_only.store(true, Ordering::Relaxed);
+            return Err(ChannelError::NotHttp2);
+        }
         let conn = self
             .connector
             .open(&server.uri(PathAndQuery::from_static("/")))
