@@ -6,7 +6,10 @@ use std::{
     net::{SocketAddr, TcpStream},
     path::Path,
     process::Command,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -38,10 +41,15 @@ struct Setup {
 }
 
 fn setup(n_clouds: usize) -> Setup {
-    setup_with(n_clouds, Options::default)
+    setup_with(n_clouds, Options::default, StandIn::url)
 }
 
-fn setup_with(n_clouds: usize, options: impl Fn() -> Options) -> Setup {
+/// `url_of` is the address the hub is given for each cloud server.
+fn setup_with(
+    n_clouds: usize,
+    options: impl Fn() -> Options,
+    url_of: impl Fn(&StandIn) -> String,
+) -> Setup {
     let ca = Arc::new(TestCa::new("cloud-ca"));
     let clouds: Vec<StandIn> = (0..n_clouds)
         .map(|_| {
@@ -56,7 +64,7 @@ fn setup_with(n_clouds: usize, options: impl Fn() -> Options) -> Setup {
     let pki = ca.write_hub_pki(dir.path(), NODE, &[]).unwrap();
     let (tls_port, plain_port, admin_port) = (free_port(), free_port(), free_port());
     let config = HubConfig {
-        servers: clouds.iter().map(|c| c.url()).collect(),
+        servers: clouds.iter().map(url_of).collect(),
         ca: Some(&pki.ca),
         node: Some(&pki.node),
         serving: Some((&pki.serving.0, &pki.serving.1)),
@@ -293,10 +301,14 @@ fn a_10k_event_watch_arrives_complete_and_in_order() {
 
 #[test]
 fn a_cloud_without_http2_is_reached_over_http11() {
-    let s = setup_with(1, || Options {
-        http1_only: true,
-        ..Default::default()
-    });
+    let s = setup_with(
+        1,
+        || Options {
+            http1_only: true,
+            ..Default::default()
+        },
+        StandIn::url,
+    );
     let cloud = &s.clouds[0];
     let c = s.client(Some(ADMIN_TOKEN), false);
     let pods = c.get("/api/v1/pods");
@@ -317,6 +329,108 @@ fn a_cloud_without_http2_is_reached_over_http11() {
     seed::configmap(&cloud.state.store, "default", "over-h1", json!({}));
     let ev = w.next_event(Duration::from_secs(10)).expect("the event");
     assert_eq!(ev["object"]["metadata"]["name"], "over-h1");
+}
+
+/// A TCP relay in front of a cloud server that can go silent on the connections it carries,
+/// as a dead link does: bytes go in, nothing comes out, no FIN or RST. New connections pass.
+struct DeadLink {
+    addr: SocketAddr,
+    target: Arc<std::sync::Mutex<Option<SocketAddr>>>,
+    accepted: Arc<AtomicUsize>,
+    /// Connections numbered below this are silent.
+    silent_below: Arc<AtomicUsize>,
+}
+
+impl DeadLink {
+    fn start() -> DeadLink {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let link = DeadLink {
+            addr: listener.local_addr().unwrap(),
+            target: Default::default(),
+            accepted: Default::default(),
+            silent_below: Default::default(),
+        };
+        let (target, accepted, silent_below) = (
+            link.target.clone(),
+            link.accepted.clone(),
+            link.silent_below.clone(),
+        );
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten().take(100) {
+                let n = accepted.fetch_add(1, Ordering::SeqCst);
+                let Some(to) = *target.lock().unwrap() else {
+                    continue;
+                };
+                let Ok(upstream) = TcpStream::connect(to) else {
+                    continue;
+                };
+                let pairs = [
+                    (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
+                    (upstream, client),
+                ];
+                for (mut from, mut into) in pairs {
+                    let silent_below = silent_below.clone();
+                    // Ends when either side closes (the hub or the stand-in stops).
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 16 * 1024];
+                        while let Ok(len @ 1..) = from.read(&mut buf) {
+                            let swallowed = n < silent_below.load(Ordering::SeqCst);
+                            if !swallowed && into.write_all(&buf[..len]).is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        link
+    }
+
+    /// The URL to give the hub for `cloud`, relayed through this link.
+    fn front(&self, cloud: &StandIn) -> String {
+        *self.target.lock().unwrap() = Some(cloud.addr);
+        format!("https://{}", self.addr)
+    }
+
+    /// Every connection open now goes silent.
+    fn cut(&self) {
+        let accepted = self.accepted.load(Ordering::SeqCst);
+        self.silent_below.store(accepted, Ordering::SeqCst);
+    }
+
+    fn connections(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn a_connection_a_dead_link_left_silent_is_replaced() {
+    let link = DeadLink::start();
+    let s = setup_with(1, Options::default, |cloud| link.front(cloud));
+    let c = s.client(Some(ADMIN_TOKEN), false);
+    assert_eq!(c.get("/api/v1/pods").status, 200);
+    link.cut();
+    let cut_at = link.connections();
+    let path = "/api/v1/namespaces/kube-system/pods";
+    // Until the hub gives up the silent connection, nothing it sends there arrives (the
+    // hub answers from its cache or with a 503 meanwhile).
+    wait_for(
+        "a request reaching the cloud after the cut",
+        Duration::from_secs(20),
+        || {
+            let _ = c.request("GET", path, &[], &[]);
+            s.clouds[0]
+                .audit()
+                .iter()
+                .any(|a| a.path == path)
+                .then_some(())
+        },
+    );
+    assert!(link.connections() > cut_at, "a new connection carried it");
+    let healthy = || s.hub.status()["cloud"][0]["healthy"].as_bool().unwrap();
+    wait_for("the cloud healthy", Duration::from_secs(5), || {
+        healthy().then_some(())
+    });
 }
 
 #[test]

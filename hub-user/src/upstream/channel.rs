@@ -8,6 +8,7 @@ use std::{
     pin::Pin,
     sync::atomic::{AtomicBool, AtomicU64, Ordering},
     task::{Context, Poll, ready},
+    time::Duration,
 };
 
 use bytes::Bytes;
@@ -30,6 +31,12 @@ const STREAM_WINDOW: u32 = 2 << 20;
 const CONNECTION_WINDOW: u32 = 5 << 20;
 const MAX_HEADER_LIST: u32 = 16 << 10;
 const MAX_SEND_BUFFER: usize = 1 << 20;
+/// How often the connection is asked for an HTTP/2 PING, and how long the answer may take.
+/// A link that died without a FIN or RST leaves the connection open and silent: without
+/// this, requests and probes would keep going into it until TCP gave up (many minutes).
+/// The server's HTTP/2 layer answers PINGs however busy its handlers are.
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(5);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChannelError {
@@ -186,7 +193,7 @@ impl Channel {
                 return Err(ChannelError::NotHttp2);
             }
         };
-        let (sender, connection) = h2::client::Builder::new()
+        let (sender, mut connection) = h2::client::Builder::new()
             .initial_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
             .max_header_list_size(MAX_HEADER_LIST)
@@ -196,9 +203,31 @@ impl Channel {
             .await
             .map_err(|e| ChannelError::Connect(format!("HTTP/2 handshake: {e}")))?;
         let authority = server.url.authority();
+        let mut ping = connection.ping_pong().expect("the first call");
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(server = %authority, "cloud connection ended: {e}");
+            let keepalive = async {
+                loop {
+                    tokio::time::sleep(KEEPALIVE_EVERY).await;
+                    let pong = ping.ping(h2::Ping::opaque());
+                    if !matches!(
+                        tokio::time::timeout(KEEPALIVE_TIMEOUT, pong).await,
+                        Ok(Ok(_))
+                    ) {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                ended = &mut connection => if let Err(e) = ended {
+                    tracing::debug!(server = %authority, "cloud connection ended: {e}");
+                },
+                // Dropping the connection fails its streams, so the requests and watches
+                // on it end now and are retried elsewhere; new requests get a new one.
+                () = keepalive => tracing::info!(
+                    server = %authority,
+                    "cloud connection answered no PING within {} s: dropped",
+                    KEEPALIVE_TIMEOUT.as_secs()
+                ),
             }
         });
         Ok(sender)
