@@ -43,9 +43,9 @@ pub enum ChannelError {
     /// Nothing was sent: the server could not be reached.
     #[error("connect: {0}")]
     Connect(String),
-    /// The server does not speak HTTP/2: nothing was sent, the caller sends it otherwise.
+    /// The server does not speak HTTP/2: the request, unsent, for another way there.
     #[error("the server does not offer HTTP/2")]
-    NotHttp2,
+    NotHttp2(Box<Request<Bytes>>),
     /// The connection ended as the request was sent, or the server refused the stream:
     /// it did nothing with the request, which the caller may send again.
     #[error("the request was refused before it was processed: {0}")]
@@ -53,6 +53,18 @@ pub enum ChannelError {
     /// Sent (or possibly sent) and failed.
     #[error("{0}")]
     Failed(String),
+}
+
+/// Why no connection is ready for a request.
+enum Unready {
+    NotHttp2,
+    Error(ChannelError),
+}
+
+impl From<ChannelError> for Unready {
+    fn from(e: ChannelError) -> Self {
+        Unready::Error(e)
+    }
 }
 
 #[derive(Clone)]
@@ -92,9 +104,13 @@ impl Channel {
         server: &Server,
         req: Request<Bytes>,
     ) -> Result<Response<ProxyBody>, ChannelError> {
+        let mut slot = match self.ready(server).await {
+            Ok(slot) => slot,
+            Err(Unready::NotHttp2) => return Err(ChannelError::NotHttp2(Box::new(req))),
+            Err(Unready::Error(e)) => return Err(e),
+        };
         let (parts, body) = req.into_parts();
         let end_of_stream = body.is_empty();
-        let mut slot = self.ready(server).await?;
         let (answer, mut stream) = match slot
             .sender
             .send_request(Request::from_parts(parts, ()), end_of_stream)
@@ -132,7 +148,7 @@ impl Channel {
 
     /// A sender ready for one more stream (it waits while the server's stream limit is
     /// reached), connecting when there is no live connection.
-    async fn ready(&self, server: &Server) -> Result<Slot, ChannelError> {
+    async fn ready(&self, server: &Server) -> Result<Slot, Unready> {
         let current = self.slot.lock().await.clone();
         if let Some(slot) = current {
             match slot.sender.ready().await {
@@ -160,7 +176,7 @@ impl Channel {
             Ok(sender) => Ok(Slot { sender, generation }),
             Err(e) => {
                 self.forget(generation).await;
-                Err(ChannelError::Refused(e.to_string()))
+                Err(ChannelError::Refused(e.to_string()).into())
             }
         }
     }
@@ -173,25 +189,20 @@ impl Channel {
         }
     }
 
-    async fn connect(&self, server: &Server) -> Result<SendRequest<Bytes>, ChannelError> {
-        if server.url.scheme != "https" {
-            // No TLS, no ALPN: HTTP/2 is never offered there.
+    async fn connect(&self, server: &Server) -> Result<SendRequest<Bytes>, Unready> {
+        // Without TLS there is no ALPN, and HTTP/2 is never offered: no need to connect.
+        let conn = match server.url.scheme.as_str() {
+            "https" => Some(
+                self.connector
+                    .open(&server.uri(PathAndQuery::from_static("/")))
+                    .await
+                    .map_err(|e| ChannelError::Connect(e.to_string()))?,
+            ),
+            _ => None,
+        };
+        let Some(tls) = conn.and_then(Conn::into_http2) else {
             self.http1_only.store(true, Ordering::Relaxed);
-            return Err(ChannelError::NotHttp2);
-        }
-        let conn = self
-            .connector
-            .open(&server.uri(PathAndQuery::from_static("/")))
-            .await
-            .map_err(|e| ChannelError::Connect(e.to_string()))?;
-        let tls = match conn {
-            Conn::Tls(tls) if tls.inner().get_ref().1.alpn_protocol() == Some(b"h2") => {
-                (*tls).into_inner()
-            }
-            _ => {
-                self.http1_only.store(true, Ordering::Relaxed);
-                return Err(ChannelError::NotHttp2);
-            }
+            return Err(Unready::NotHttp2);
         };
         let (sender, mut connection) = h2::client::Builder::new()
             .initial_window_size(STREAM_WINDOW)

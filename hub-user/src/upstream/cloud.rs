@@ -255,17 +255,22 @@ impl Cloud {
         v
     }
 
-    /// One attempt at `server`: over its HTTP/2 connection, or hyper's HTTP/1.1 pool once
-    /// the server turned out not to offer HTTP/2 (NotHttp2: nothing was sent, try again).
+    /// One attempt at `server`: over its HTTP/2 connection, or hyper's HTTP/1.1 pool when
+    /// the server does not offer HTTP/2.
     async fn attempt(
         transport: &Transport,
         server: &Server,
         req: Request<Bytes>,
     ) -> Result<Response<ProxyBody>, ChannelError> {
         let channel = &transport.channels[server.index];
-        if !channel.http1_only() {
-            return channel.request(server, req).await;
-        }
+        let req = if channel.http1_only() {
+            req
+        } else {
+            match channel.request(server, req).await {
+                Err(ChannelError::NotHttp2(unsent)) => *unsent,
+                answered => return answered,
+            }
+        };
         let req = req.map(|b| Full::new(b).map_err(|never| match never {}).boxed());
         match transport.http1.request(req).await {
             Ok(resp) => Ok(resp.map(|b| b.map_err(BodyError::from).boxed())),
@@ -321,9 +326,9 @@ impl Cloud {
                     }
                     return Ok((resp, server));
                 }
-                // Nothing was sent (no HTTP/2 there, or its connection just ended): the
-                // same server again, over HTTP/1.1 or a new connection.
-                Ok(Err(ChannelError::NotHttp2 | ChannelError::Refused(_))) if resends < 2 => {
+                // The server did nothing with it (its connection just ended, or it refused
+                // the stream): the same server again, on a new connection if need be.
+                Ok(Err(ChannelError::Refused(_))) if resends < 2 => {
                     resends += 1;
                     at -= 1;
                 }
@@ -402,8 +407,8 @@ impl Cloud {
                         let transport = transports.of(AsWho::Node);
                         let probe = async {
                             match Self::attempt(transport, &s, readyz(&s)).await {
-                                // Nothing was sent: again, over HTTP/1.1 or a new connection.
-                                Err(ChannelError::NotHttp2 | ChannelError::Refused(_)) => {
+                                // Not processed: once more, on a new connection if need be.
+                                Err(ChannelError::Refused(_)) => {
                                     Self::attempt(transport, &s, readyz(&s)).await
                                 }
                                 answered => answered,

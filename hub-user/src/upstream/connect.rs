@@ -79,6 +79,17 @@ impl Conn {
             Conn::Tls(t) => t.inner().get_ref().1.alpn_protocol() == Some(b"h2"),
         }
     }
+
+    /// The TLS stream to speak HTTP/2 on, if ALPN settled on it.
+    pub fn into_http2(self) -> Option<TlsStream<TcpStream>> {
+        if !self.h2() {
+            return None;
+        }
+        match self {
+            Conn::Tls(t) => Some((*t).into_inner()),
+            Conn::Plain(_) => None,
+        }
+    }
 }
 
 impl Connection for Conn {
