@@ -2,9 +2,11 @@
 //! runtime.Unknown (typeMeta 1, raw 2, contentEncoding 3, contentType 4); every object keeps
 //! ObjectMeta in field 1 (name 1, namespace 3, resourceVersion 6, labels 11); every List
 //! keeps ListMeta in field 1 (resourceVersion 2, continue 3) and its items in field 2; a
-//! watch stream is 4-byte big-endian length-prefixed frames, each an Unknown wrapping a
-//! WatchEvent (type 1, object 2 = RawExtension { raw 1 }). Reading only these fields lets
-//! the hub slice lists into items and index them without knowing their schemas.
+//! watch stream is 4-byte big-endian length-prefixed frames, each a *raw* WatchEvent
+//! (type 1, object 2 = RawExtension { raw 1 }) with no `k8s\0` envelope of its own — only
+//! the object inside the RawExtension is enveloped (as kube-apiserver 1.32 sends it, see
+//! tests/fixtures/wire). Reading only these fields lets the hub slice lists into items and
+//! index them without knowing their schemas.
 
 /// The `k8s\0` magic that prefixes every Kubernetes protobuf payload.
 pub const MAGIC: &[u8] = b"k8s\0";
@@ -82,7 +84,7 @@ pub struct Unknown<'a> {
     pub raw: &'a [u8],
 }
 
-/// Opens the `k8s\0` + runtime.Unknown envelope of an object, list or watch frame.
+/// Opens the `k8s\0` + runtime.Unknown envelope of an object, list or Status.
 pub fn unwrap(body: &[u8]) -> Option<Unknown<'_>> {
     let f = fields(body.strip_prefix(MAGIC)?)?;
     let type_meta = fields(bytes_of(&f, 1).unwrap_or_default())?;
@@ -170,9 +172,9 @@ pub fn watch_frames(buf: &[u8]) -> (Vec<&[u8]>, usize) {
     (frames, used)
 }
 
-/// Reads a watch frame (an Unknown wrapping a WatchEvent).
+/// Reads a watch frame: a raw WatchEvent message (no envelope; its object has one).
 pub fn watch_event(frame: &[u8]) -> Option<WatchEvent<'_>> {
-    let event = fields(unwrap(frame)?.raw)?;
+    let event = fields(frame)?;
     let object = fields(bytes_of(&event, 2).unwrap_or_default())?;
     Some(WatchEvent {
         kind: text(&event, 1),
@@ -202,15 +204,19 @@ pub fn put_uint(out: &mut Vec<u8>, field: u64, v: u64) {
     put_varint(out, v);
 }
 
-/// `k8s\0` + runtime.Unknown { typeMeta { apiVersion, kind }, raw }: how Kubernetes frames
-/// every protobuf object, list and watch event.
+/// `k8s\0` + runtime.Unknown { typeMeta { apiVersion, kind }, raw, contentEncoding "",
+/// contentType "" }: how kube-apiserver frames every protobuf object and list, byte for
+/// byte (it writes the two empty strings too).
 pub fn envelope(api_version: &str, kind: &str, raw: &[u8]) -> Vec<u8> {
     let mut type_meta = Vec::new();
     put_bytes(&mut type_meta, 1, api_version.as_bytes());
     put_bytes(&mut type_meta, 2, kind.as_bytes());
-    let mut out = MAGIC.to_vec();
+    let mut out = Vec::with_capacity(raw.len() + type_meta.len() + 16);
+    out.extend_from_slice(MAGIC);
     put_bytes(&mut out, 1, &type_meta);
     put_bytes(&mut out, 2, raw);
+    put_bytes(&mut out, 3, b"");
+    put_bytes(&mut out, 4, b"");
     out
 }
 
@@ -305,17 +311,17 @@ pub fn with_resource_version(object: &[u8], rv: &str) -> Option<Vec<u8>> {
     meta_seen.then_some(out)
 }
 
-/// One length-prefixed watch frame: WatchEvent { type 1, object 2 = RawExtension { raw 1 } }
-/// around an already enveloped object.
+/// One length-prefixed watch frame: a raw WatchEvent { type 1, object 2 = RawExtension
+/// { raw 1 } } around an already enveloped object. The frame has no envelope of its own.
 pub fn watch_frame(event_type: &str, enveloped_object: &[u8]) -> Vec<u8> {
     let mut raw_ext = Vec::new();
     put_bytes(&mut raw_ext, 1, enveloped_object);
-    let mut event = Vec::new();
+    let mut event = Vec::with_capacity(raw_ext.len() + event_type.len() + 8);
     put_bytes(&mut event, 1, event_type.as_bytes());
     put_bytes(&mut event, 2, &raw_ext);
-    let body = envelope("meta.k8s.io/v1", "WatchEvent", &event);
-    let mut out = (body.len() as u32).to_be_bytes().to_vec();
-    out.extend_from_slice(&body);
+    let mut out = Vec::with_capacity(event.len() + 4);
+    out.extend_from_slice(&(event.len() as u32).to_be_bytes());
+    out.extend_from_slice(&event);
     out
 }
 
@@ -434,7 +440,7 @@ mod tests {
                     raw: Some(envelope("v1", "Pod", pod(name, "7").encode_to_vec())),
                 }),
             };
-            let body = envelope("meta.k8s.io/v1", "WatchEvent", ev.encode_to_vec());
+            let body = ev.encode_to_vec();
             [(body.len() as u32).to_be_bytes().to_vec(), body].concat()
         };
         let stream = [frame("ADDED", "a"), frame("MODIFIED", "b")].concat();

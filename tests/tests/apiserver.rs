@@ -777,7 +777,8 @@ fn protobuf_pods_decode_with_k8s_pb_like_the_json_form() {
     let events: Vec<(String, String)> = frames
         .iter()
         .map(|f| {
-            let ev = WatchEvent::decode(hub::kproto::unwrap(f).unwrap().raw).unwrap();
+            // A raw WatchEvent per frame, as kube-apiserver writes it: no envelope.
+            let ev = WatchEvent::decode(*f).unwrap();
             let obj = Pod::decode(
                 hub::kproto::unwrap(&ev.object.unwrap().raw.unwrap())
                     .unwrap()
@@ -824,7 +825,7 @@ fn protobuf_pods_decode_with_k8s_pb_like_the_json_form() {
         )
         .unwrap();
     let (frames, _) = hub::kproto::watch_frames(&gone.body);
-    let ev = WatchEvent::decode(hub::kproto::unwrap(frames[0]).unwrap().raw).unwrap();
+    let ev = WatchEvent::decode(frames[0]).unwrap();
     assert_eq!(ev.r#type.as_deref(), Some("ERROR"));
     let status = Status::decode(
         hub::kproto::unwrap(&ev.object.unwrap().raw.unwrap())

@@ -839,13 +839,14 @@ pub fn watch_frame(event_type: &str, api_version: &str, kind: &str, o: &Value) -
     event_frame(event_type, object(api_version, kind, o))
 }
 
-/// A WatchEvent around an enveloped object, in its envelope, length-prefixed.
+/// A raw WatchEvent around an enveloped object, length-prefixed. As kube-apiserver writes
+/// it, the frame has no `k8s\0` envelope; only the object inside does.
 fn event_frame(event_type: &str, object: Vec<u8>) -> Vec<u8> {
     let event = WatchEvent {
         r#type: Some(event_type.into()),
         object: Some(RawExtension { raw: Some(object) }),
     };
-    let body = envelope("meta.k8s.io/v1", "WatchEvent", event.encode_to_vec());
+    let body = event.encode_to_vec();
     [(body.len() as u32).to_be_bytes().to_vec(), body].concat()
 }
 
