@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod coordinator;
 pub mod daemon;
+pub mod gzip;
 pub mod intercept;
 pub mod kproto;
 pub mod metrics;

@@ -626,6 +626,54 @@ fn authentication_and_authorisation() {
     );
 }
 
+/// `kubectl auth whoami` works, and a request carrying both a client certificate and a
+/// bearer token is the certificate's user, as kube-apiserver's authenticator chain (x509
+/// before tokens) decides — recorded in tests/fixtures/wire (selfsubjectreview-*).
+#[test]
+fn self_subject_review_and_the_certificate_before_the_token() {
+    let s = standin(Options::default());
+    let review = br#"{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}"#;
+    let whoami = |c: &Client| {
+        let r = c
+            .request(
+                "POST",
+                "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                &[("Content-Type", "application/json")],
+                review,
+            )
+            .unwrap();
+        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+        let v = r.json();
+        assert_eq!(v["kind"], "SelfSubjectReview");
+        (
+            v["status"]["userInfo"]["username"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+            v["status"]["userInfo"]["groups"].clone(),
+        )
+    };
+    assert_eq!(whoami(&admin(&s)).0, "admin");
+    let node = s.ca.client("system:node:edge-1", Some("system:nodes"));
+    let both = Client::new(s.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), Some(&node));
+    let (user, groups) = whoami(&both);
+    assert_eq!(user, "system:node:edge-1", "x509 is tried before the token");
+    assert_eq!(groups, json!(["system:nodes", "system:authenticated"]));
+    // The recorded answer for the node has the same shape.
+    let recorded: Value = serde_json::from_slice(
+        &std::fs::read(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("fixtures/wire/kube-apiserver-1.32/selfsubjectreview-node/response.body"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(recorded["status"]["userInfo"]["groups"], groups);
+    // kubectl finds it through discovery.
+    let rl = admin(&s).get("/apis/authentication.k8s.io/v1").json();
+    assert_eq!(rl["resources"][0]["name"], "selfsubjectreviews");
+}
+
 #[test]
 fn faults_and_stop_start_listening() {
     let s = standin(Options::default());

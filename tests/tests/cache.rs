@@ -765,3 +765,485 @@ fn no_cache_write_is_dropped_under_back_to_back_lists() {
         "{c}"
     );
 }
+
+/// Gunzips a body the way a client does (flate2, not the hub's reader).
+fn gunzip(body: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(body)
+        .read_to_end(&mut out)
+        .expect("a whole gzip stream");
+    out
+}
+
+/// The pods of a protobuf watch body, decoded as client-go does: a 4-byte length and a
+/// raw k8s-pb `WatchEvent` per frame, a `k8s\0`-enveloped `Pod` inside. Returns the
+/// (type, name) of every event and the names the ADDED ones carry.
+fn protobuf_watch_pods(body: &[u8]) -> (Vec<(String, String)>, BTreeSet<String>) {
+    use k8s_pb::{
+        api::core::v1::Pod,
+        apimachinery::pkg::{apis::meta::v1::WatchEvent, runtime::Unknown},
+    };
+    use prost::Message;
+    let (mut events, mut added, mut rest) = (Vec::new(), BTreeSet::new(), body);
+    while !rest.is_empty() {
+        let len = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
+        let frame = &rest[4..4 + len];
+        rest = &rest[4 + len..];
+        let ev = WatchEvent::decode(frame).expect("a raw WatchEvent per frame");
+        let raw = ev.object.unwrap().raw.unwrap();
+        let u = Unknown::decode(raw.strip_prefix(b"k8s\0").expect("an enveloped object")).unwrap();
+        assert_eq!(u.type_meta.unwrap().kind.as_deref(), Some("Pod"));
+        let pod = Pod::decode(u.raw.unwrap().as_slice()).expect("a Pod");
+        let name = pod.metadata.unwrap().name.unwrap_or_default();
+        let ty = ev.r#type.unwrap();
+        if ty == "ADDED" {
+            added.insert(name.clone());
+        }
+        events.push((ty, name));
+    }
+    (events, added)
+}
+
+/// A kubelet-shaped client (protobuf, `Accept-Encoding: gzip`) lists 1000 pods, which the
+/// cloud sends gzipped, and watches them while pods arrive, change and go. With the cloud
+/// down, the cache serves the whole list (gzipped again, as the cloud would) and a
+/// protobuf watch client-go can decode — including the pods only the watch brought. A
+/// client accepting only protobuf for a set cached as JSON is refused, never given an
+/// empty list.
+#[test]
+fn gzip_lists_and_protobuf_watches_reach_the_cache_and_come_back_offline() {
+    let s = Setup::new(&["kubelet"]);
+    let store = &s.cloud.state.store;
+    seed::base(store);
+    seed::namespace(store, "ns1");
+    seed::node(store, "node-0");
+    for i in 0..1000 {
+        seed::pod(store, "ns1", &format!("p-{i:04}"), "node-0", "web");
+    }
+    let hub = s.start_hub();
+    let kubelet = s.kubelet();
+    let pods = "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-0";
+    let kubelet_headers = [
+        ("User-Agent", "kubelet/v1.32.0 (linux/amd64)"),
+        (
+            "Accept",
+            "application/vnd.kubernetes.protobuf,application/json",
+        ),
+        ("Accept-Encoding", "gzip"),
+    ];
+    let get = |path: &str, headers: &[(&str, &str)]| {
+        kubelet
+            .request("GET", path, headers, &[])
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    };
+    let online = get(pods, &kubelet_headers);
+    assert_eq!(online.status, 200);
+    assert_eq!(
+        online.header("content-encoding"),
+        Some("gzip"),
+        "the cloud gzips a list this large"
+    );
+    let listed = gunzip(&online.body);
+    assert_eq!(protobuf_pod_names(&listed).len(), 1000);
+    let rv = {
+        use k8s_pb::{api::core::v1::PodList, apimachinery::pkg::runtime::Unknown};
+        use prost::Message;
+        let u = Unknown::decode(&listed[4..]).unwrap();
+        PodList::decode(u.raw.unwrap().as_slice())
+            .unwrap()
+            .metadata
+            .unwrap()
+            .resource_version
+            .unwrap()
+    };
+
+    // Changes after the list, which only the watch carries.
+    let admin = Client::new(s.cloud.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
+    for i in 0..3 {
+        seed::pod(store, "ns1", &format!("late-{i}"), "node-0", "web");
+    }
+    let gone = admin.request("DELETE", "/api/v1/namespaces/ns1/pods/p-0007", &[], &[]);
+    assert_eq!(gone.unwrap().status, 200);
+    let watch = get(
+        &format!(
+            "{pods}&watch=true&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds=2"
+        ),
+        &kubelet_headers,
+    );
+    assert_eq!(watch.status, 200);
+    let (events, _) = protobuf_watch_pods(&watch.body);
+    assert_eq!(
+        events.iter().filter(|(t, _)| t == "ADDED").count(),
+        3,
+        "{events:?}"
+    );
+    assert!(events.contains(&("DELETED".into(), "p-0007".into())));
+    // A set kubelet read only as JSON.
+    seed::configmap(store, "ns1", "only-json", serde_json::json!({"k": "v"}));
+    let json_only = get(
+        "/api/v1/namespaces/ns1/configmaps",
+        &[
+            ("User-Agent", "kubelet/v1.32.0 (linux/amd64)"),
+            ("Accept", "application/json"),
+        ],
+    );
+    assert_eq!(json_only.status, 200);
+    s.wait_cached("kubelet", "the listed and watched pods", |e| {
+        let names: BTreeSet<&str> = e
+            .iter()
+            .filter(|e| e["kind"] == "Pod")
+            .filter_map(|e| e["key"].as_str())
+            .collect();
+        names.len() == 1002
+            && names.contains("/v1/pods/ns1/late-2")
+            && !names.contains("/v1/pods/ns1/p-0007")
+            && e.iter().any(|e| e["kind"] == "ConfigMap")
+    });
+
+    s.cloud.stop_listening();
+    wait_for(
+        "the hub to see the cloud down",
+        Duration::from_secs(20),
+        || (hub.status()["cloud"][0]["healthy"] == false).then_some(()),
+    );
+    let mut expected: BTreeSet<String> = (0..1000)
+        .filter(|i| *i != 7)
+        .map(|i| format!("p-{i:04}"))
+        .collect();
+    expected.extend((0..3).map(|i| format!("late-{i}")));
+
+    let offline = get(pods, &kubelet_headers);
+    assert_eq!(
+        offline.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&offline.body)
+    );
+    assert_eq!(offline.header("content-encoding"), Some("gzip"));
+    assert_eq!(protobuf_pod_names(&gunzip(&offline.body)), expected);
+    // Without Accept-Encoding, the same answer uncompressed.
+    let plain = get(pods, &kubelet_headers[..2]);
+    assert_eq!(plain.header("content-encoding"), None);
+    assert_eq!(protobuf_pod_names(&plain.body), expected);
+
+    let watch = get(
+        &format!("{pods}&watch=true&allowWatchBookmarks=true&timeoutSeconds=1"),
+        &kubelet_headers,
+    );
+    assert_eq!(watch.status, 200);
+    assert_eq!(
+        watch.header("content-type"),
+        Some("application/vnd.kubernetes.protobuf;stream=watch")
+    );
+    let (events, added) = protobuf_watch_pods(&watch.body);
+    assert_eq!(added, expected, "{} events", events.len());
+
+    // Accepting only protobuf for what is cached only as JSON: refused, not empty.
+    let pb_only = [
+        ("User-Agent", "kubelet/v1.32.0 (linux/amd64)"),
+        ("Accept", "application/vnd.kubernetes.protobuf"),
+    ];
+    for path in [
+        "/api/v1/namespaces/ns1/configmaps",
+        "/api/v1/namespaces/ns1/configmaps/only-json",
+        "/api/v1/namespaces/ns1/configmaps?watch=true&timeoutSeconds=1",
+    ] {
+        let r = get(path, &pb_only);
+        let text = String::from_utf8_lossy(&r.body);
+        assert_eq!(r.status, 503, "{path}: {text}");
+        assert!(text.contains("encoding"), "{path}: {text}");
+    }
+}
+
+/// Object names and the kind of a list answer, read by full decoders (prost messages with
+/// k8s-pb's ListMeta/ObjectMeta for protobuf, serde_json for JSON), whichever the answer is.
+fn list_answer(reply: &hub_tests::apiserver::client::Reply) -> (String, BTreeSet<String>) {
+    use k8s_pb::apimachinery::pkg::{
+        apis::meta::v1::{ListMeta, ObjectMeta},
+        runtime::Unknown,
+    };
+    use prost::Message;
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct AnyObject {
+        #[prost(message, optional, tag = "1")]
+        metadata: Option<ObjectMeta>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct AnyList {
+        #[prost(message, optional, tag = "1")]
+        metadata: Option<ListMeta>,
+        #[prost(message, repeated, tag = "2")]
+        items: Vec<AnyObject>,
+    }
+    let body = match reply.header("content-encoding") {
+        Some("gzip") => gunzip(&reply.body),
+        _ => reply.body.clone(),
+    };
+    if reply
+        .header("content-type")
+        .is_some_and(|c| c.starts_with("application/vnd.kubernetes.protobuf"))
+    {
+        let u = Unknown::decode(body.strip_prefix(b"k8s\0").expect("envelope")).unwrap();
+        let list = AnyList::decode(u.raw.unwrap().as_slice()).unwrap();
+        let names = list
+            .items
+            .into_iter()
+            .map(|i| i.metadata.unwrap().name.unwrap())
+            .collect();
+        (u.type_meta.unwrap().kind.unwrap(), names)
+    } else {
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        let names = v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+            .collect();
+        (v["kind"].as_str().unwrap().to_string(), names)
+    }
+}
+
+/// The informer lists a real kubelet 1.32 opens (tests/fixtures/wire/kubelet-1.32), with
+/// its selectors, for node `node`.
+fn kubelet_informer_lists(node: &str) -> Vec<String> {
+    let informer = "limit=500&resourceVersion=0";
+    vec![
+        format!("/api/v1/nodes?fieldSelector=metadata.name%3D{node}&{informer}"),
+        format!("/api/v1/services?fieldSelector=spec.clusterIP%21%3DNone&{informer}"),
+        format!("/apis/node.k8s.io/v1/runtimeclasses?{informer}"),
+        format!("/apis/storage.k8s.io/v1/csidrivers?{informer}"),
+        format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{node}&{informer}"),
+        format!(
+            "/api/v1/namespaces/ns1/configmaps?fieldSelector=metadata.name%3Dkube-root-ca.crt&{informer}"
+        ),
+        format!("/api/v1/namespaces/ns1/configmaps?fieldSelector=metadata.name%3Dcm-a&{informer}"),
+        format!("/api/v1/namespaces/ns1/secrets?fieldSelector=metadata.name%3Ds-a&{informer}"),
+    ]
+}
+
+/// A kubelet-shaped client makes the calls a real kubelet makes (its informers' lists and
+/// watches with their selectors, protobuf and gzip; its node registration, lease, status
+/// and event writes) with the cloud up, with it down, and after an offline hub restart.
+/// Offline, every list is the one the cloud gave for that exact request (kept fresh by its
+/// watch), of its proper kind — never empty, never a 400 for a selector kube-apiserver
+/// accepts — and every write gets what kubelet needs to carry on.
+#[test]
+fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
+    let s = Setup::new(&["kubelet"]);
+    let node = LOOPBACK_NODE;
+    let store = &s.cloud.state.store;
+    seed::base(store);
+    seed::namespace(store, "ns1");
+    seed::node(store, node);
+    seed::node(store, "other-node");
+    for i in 0..20 {
+        seed::pod(store, "ns1", &format!("p-{i}"), node, "web");
+    }
+    seed::pod(store, "ns1", "elsewhere", "other-node", "web");
+    seed::service(store, "ns1", "svc-a", 80);
+    for cm in ["kube-root-ca.crt", "cm-a", "cm-b"] {
+        seed::configmap(store, "ns1", cm, serde_json::json!({"k": "v"}));
+    }
+    seed::secret(store, "ns1", "s-a", serde_json::json!({"k": "dg=="}));
+    let admin = Client::new(s.cloud.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
+    let headless = serde_json::json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "headless", "namespace": "ns1"},
+        "spec": {"clusterIP": "None", "ports": [{"port": 80}]}});
+    assert_eq!(
+        admin
+            .send_json("POST", "/api/v1/namespaces/ns1/services", &headless)
+            .status,
+        201
+    );
+    let rc = serde_json::json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+        "metadata": {"name": "runc"}, "handler": "runc"});
+    assert_eq!(
+        admin
+            .send_json("POST", "/apis/node.k8s.io/v1/runtimeclasses", &rc)
+            .status,
+        201
+    );
+    let lease = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": node, "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": node, "leaseDurationSeconds": 40}});
+    seed::namespace(store, "kube-node-lease");
+    assert_eq!(
+        admin
+            .send_json(
+                "POST",
+                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+                &lease
+            )
+            .status,
+        201
+    );
+
+    let mut hub = s.start_hub();
+    let kubelet = s.kubelet();
+    let headers = [
+        (
+            "User-Agent",
+            "kubelet/v1.32.13 (linux/amd64) kubernetes/d4b43f3",
+        ),
+        (
+            "Accept",
+            "application/vnd.kubernetes.protobuf,application/json",
+        ),
+        ("Accept-Encoding", "gzip"),
+    ];
+    let call = |method: &str, path: &str, extra: &[(&str, &str)], body: &[u8]| {
+        let h: Vec<(&str, &str)> = headers.iter().chain(extra).copied().collect();
+        kubelet
+            .request(method, path, &h, body)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    };
+    // 1. Cloud up: every informer lists, then watches from its list's resourceVersion.
+    let lists = kubelet_informer_lists(node);
+    let mut online = Vec::new();
+    for path in &lists {
+        let r = call("GET", path, &[], &[]);
+        assert_eq!(
+            r.status,
+            200,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        online.push(list_answer(&r));
+    }
+    // A pod bound after the list reaches the node only through the pod watch.
+    let rv = store.current_rv();
+    seed::pod(store, "ns1", "late", node, "web");
+    let pods_watch = format!(
+        "/api/v1/pods?allowWatchBookmarks=true&fieldSelector=spec.nodeName%3D{node}&resourceVersion={rv}&timeoutSeconds=1&watch=true"
+    );
+    assert_eq!(call("GET", &pods_watch, &[], &[]).status, 200);
+    online[4].1.insert("late".into());
+    let node_pb = call("GET", &format!("/api/v1/nodes/{node}"), &[], &[]);
+    assert_eq!(node_pb.status, 200);
+    let lease_path =
+        format!("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}");
+    let lease_pb = call("GET", &lease_path, &[], &[]);
+    assert_eq!(lease_pb.status, 200);
+    let register = |body: &[u8]| {
+        call(
+            "POST",
+            "/api/v1/nodes",
+            &[("Content-Type", "application/vnd.kubernetes.protobuf")],
+            body,
+        )
+    };
+    assert_eq!(
+        register(&node_pb.body).status,
+        409,
+        "the cloud knows the node"
+    );
+    s.wait_cached("kubelet", "every informer's objects", |e| {
+        let has = |k: &str| e.iter().any(|e| e["key"] == k);
+        has("/v1/pods/ns1/late")
+            && has("node.k8s.io/v1/runtimeclasses/runc")
+            && has("/v1/secrets/ns1/s-a")
+            && has(&format!(
+                "coordination.k8s.io/v1/leases/kube-node-lease/{node}"
+            ))
+    });
+
+    // 2. Cloud down, 3. a hub restart with it still down: the same answers.
+    s.cloud.stop_listening();
+    for round in ["cloud down", "offline restart"] {
+        if round == "offline restart" {
+            drop(hub);
+            hub = s.start_hub();
+        }
+        wait_for(
+            "the hub to see the cloud down",
+            Duration::from_secs(20),
+            || (hub.status()["cloud"][0]["healthy"] == false).then_some(()),
+        );
+        for (path, want) in lists.iter().zip(&online) {
+            let r = call("GET", path, &[], &[]);
+            let text = String::from_utf8_lossy(&r.body);
+            assert_eq!(r.status, 200, "{round}: {path}: {text}");
+            assert_eq!(&list_answer(&r), want, "{round}: {path}");
+        }
+        let pods = call(
+            "GET",
+            &format!(
+                "/api/v1/pods?fieldSelector=spec.nodeName%3D{node}&watch=true&timeoutSeconds=1"
+            ),
+            &[],
+            &[],
+        );
+        let (_, added) = protobuf_watch_pods(&pods.body);
+        assert_eq!(added, online[4].1, "{round}: the offline pod watch");
+        // Writes: registration answered as the cloud would, the rest queued.
+        let reg = register(&node_pb.body);
+        assert_eq!(
+            reg.status,
+            409,
+            "{round}: {}",
+            String::from_utf8_lossy(&reg.body)
+        );
+        assert_eq!(reg.json()["reason"], "AlreadyExists");
+        let renew = call(
+            "PUT",
+            &format!("{lease_path}?timeout=10s"),
+            &[("Content-Type", "application/vnd.kubernetes.protobuf")],
+            &lease_pb.body,
+        );
+        assert_eq!(renew.status, 200, "{round}: lease renewal");
+        let status_patch = call(
+            "PATCH",
+            &format!("/api/v1/nodes/{node}/status?timeout=10s"),
+            &[("Content-Type", "application/strategic-merge-patch+json")],
+            br#"{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady"}]}}"#,
+        );
+        assert_eq!(status_patch.status, 200, "{round}: node status");
+        let event = serde_json::json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": format!("p-1.{}", round.len()), "namespace": "ns1"},
+            "involvedObject": {"kind": "Pod", "name": "p-1", "namespace": "ns1"},
+            "reason": "Started", "message": "started", "count": 1, "type": "Normal"});
+        let created = call(
+            "POST",
+            "/api/v1/namespaces/ns1/events",
+            &[("Content-Type", "application/json")],
+            &serde_json::to_vec(&event).unwrap(),
+        );
+        assert_eq!(created.status, 201, "{round}: event create");
+        // kubelet bumps the count of an event it recorded before the hub saw it.
+        let bumped = call(
+            "PATCH",
+            "/api/v1/namespaces/ns1/events/p-0.never-seen",
+            &[("Content-Type", "application/strategic-merge-patch+json")],
+            br#"{"count":2}"#,
+        );
+        assert_eq!(
+            bumped.status,
+            200,
+            "{round}: event patch: {}",
+            String::from_utf8_lossy(&bumped.body)
+        );
+    }
+
+    // 4. Cloud back: the queued node writes reach it.
+    s.cloud.start_listening().unwrap();
+    wait_for(
+        "the queued writes to be replayed",
+        Duration::from_secs(60),
+        || {
+            let c = &hub.status()["cache"];
+            (c["queued"] == 0 && c["replayed"].as_u64() >= Some(6)).then_some(())
+        },
+    );
+    let events = admin.get("/api/v1/namespaces/ns1/events").json();
+    let names: BTreeSet<&str> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["metadata"]["name"].as_str())
+        .collect();
+    assert!(
+        names.contains("p-1.10") && names.contains("p-1.15"),
+        "{names:?}"
+    );
+}

@@ -31,7 +31,7 @@ use self::{
     store::{Store, StoreError},
     writer::{Stats, Target, TargetKind, Writer},
 };
-use crate::{proxy::request::RequestInfo, upstream::cloud::ProxyBody};
+use crate::{gzip::ContentEncoding, proxy::request::RequestInfo, upstream::cloud::ProxyBody};
 
 /// The components whose answers are cached unless cache.components says otherwise
 /// (YurtHub's defaults, plus the hub itself).
@@ -235,6 +235,11 @@ impl Cache {
         let Some(encoding) = Encoding::of_content_type(&content_type) else {
             return resp;
         };
+        // An encoding the hub cannot read is passed on, not cached.
+        let gzip = match ContentEncoding::of(resp.headers().get(header::CONTENT_ENCODING)) {
+            Some(e) => e == ContentEncoding::Gzip,
+            None => return resp,
+        };
         let kind = if !info.is_resource {
             if !is_discovery(path) {
                 return resp;
@@ -279,8 +284,8 @@ impl Cache {
         let writer = self.writer.clone();
         resp.map(move |body| {
             match target.kind {
-                TargetKind::Watch { .. } => tee::Tee::events(body, target, writer),
-                _ => tee::Tee::whole(body, target, writer),
+                TargetKind::Watch { .. } => tee::Tee::events(body, target, gzip, writer),
+                _ => tee::Tee::whole(body, target, gzip, writer),
             }
             .boxed()
         })

@@ -160,6 +160,8 @@ const FIELDS: &[(&str, &str, &str, &[u64])] = &[
     ("events", "type", "type", &[9]),
     ("events", "source", "source.component", &[5, 1]),
     ("secrets", "type", "type", &[3]),
+    ("services", "spec.clusterIP", "spec.clusterIP", &[2, 3]),
+    ("services", "spec.type", "spec.type", &[2, 4]),
     ("namespaces", "status.phase", "status.phase", &[3, 1]),
     ("nodes", "spec.unschedulable", "spec.unschedulable", &[2, 4]),
 ];
@@ -183,7 +185,34 @@ pub fn kind_for(resource: &str) -> &'static str {
         "persistentvolumeclaims" => "PersistentVolumeClaim",
         "persistentvolumes" => "PersistentVolume",
         "csinodes" => "CSINode",
+        "csidrivers" => "CSIDriver",
+        "csistoragecapacities" => "CSIStorageCapacity",
+        "storageclasses" => "StorageClass",
+        "volumeattachments" => "VolumeAttachment",
         "runtimeclasses" => "RuntimeClass",
+        "priorityclasses" => "PriorityClass",
+        "limitranges" => "LimitRange",
+        "resourcequotas" => "ResourceQuota",
+        "replicationcontrollers" => "ReplicationController",
+        "podtemplates" => "PodTemplate",
+        "deployments" => "Deployment",
+        "replicasets" => "ReplicaSet",
+        "daemonsets" => "DaemonSet",
+        "statefulsets" => "StatefulSet",
+        "jobs" => "Job",
+        "cronjobs" => "CronJob",
+        "ingresses" => "Ingress",
+        "ingressclasses" => "IngressClass",
+        "networkpolicies" => "NetworkPolicy",
+        "poddisruptionbudgets" => "PodDisruptionBudget",
+        "certificatesigningrequests" => "CertificateSigningRequest",
+        "customresourcedefinitions" => "CustomResourceDefinition",
+        "mutatingwebhookconfigurations" => "MutatingWebhookConfiguration",
+        "validatingwebhookconfigurations" => "ValidatingWebhookConfiguration",
+        "clusterroles" => "ClusterRole",
+        "clusterrolebindings" => "ClusterRoleBinding",
+        "roles" => "Role",
+        "rolebindings" => "RoleBinding",
         _ => "",
     }
 }
@@ -406,6 +435,8 @@ pub fn parse_object(resource: &str, enc: Encoding, body: &[u8]) -> Result<Item, 
 /// A LIST answer sliced into items; `bad` counts items that could not be cached.
 #[derive(Debug)]
 pub struct ParsedList {
+    /// The list's own kind (`PodList`).
+    pub kind: String,
     pub rv: u64,
     pub continue_token: String,
     pub items: Vec<Item>,
@@ -453,6 +484,7 @@ pub fn parse_list(resource: &str, enc: Encoding, body: &[u8]) -> Result<ParsedLi
                 }
             }
             Ok(ParsedList {
+                kind: l.kind.clone(),
                 rv: parse_rv(&l.metadata.resource_version)?,
                 continue_token: l.metadata.continue_token,
                 items,
@@ -474,6 +506,7 @@ pub fn parse_list(resource: &str, enc: Encoding, body: &[u8]) -> Result<ParsedLi
                 }
             }
             Ok(ParsedList {
+                kind: u.kind.clone(),
                 rv: parse_rv(&list.resource_version)?,
                 continue_token: list.continue_token,
                 items,

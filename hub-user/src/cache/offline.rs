@@ -43,7 +43,8 @@ const REPLAY_EVERY: Duration = Duration::from_millis(300);
 const MAX_ANSWER: usize = 4 * 1024 * 1024;
 
 /// The writes a node makes to keep being a node: lease renewals, node and pod status,
-/// events.
+/// events — and its registration (a node create, answered offline as the cloud would
+/// answer it for a node it knows, never queued).
 pub fn replayable(info: &RequestInfo) -> bool {
     let write = matches!(info.verb, "create" | "update" | "patch");
     let named = !info.name.is_empty();
@@ -55,9 +56,29 @@ pub fn replayable(info: &RequestInfo) -> bool {
         ) {
             ("coordination.k8s.io", "leases", "") => named && info.verb != "create",
             ("", "nodes" | "pods", "status") => named && info.verb != "create",
+            ("", "nodes", "") => !named && info.verb == "create",
             ("", "events", "") | ("events.k8s.io", "events", "") => named || info.verb == "create",
             _ => false,
         }
+}
+
+/// Events are the node's least valuable writes: past this many queued (or these bytes),
+/// the oldest queued events are dropped to make room. kubelet sent ~22 event writes a
+/// second with 1000 pods starting; this keeps the last ~45 s of such a burst.
+pub const EVENT_BUDGET: store::Budget = store::Budget {
+    count: 1000,
+    bytes: 4 * 1024 * 1024,
+};
+/// How long a queued write rides out refusals that may pass (401, 403, 429, 5xx, no
+/// answer) once the cloud is back, before it is dropped.
+pub const REPLAY_PATIENCE: Duration = Duration::from_secs(120);
+/// The longest wait between two replay attempts of a refused write.
+const REPLAY_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// At most one "writes queued" line per this long.
+const QUEUED_LOG_EVERY: Duration = Duration::from_secs(30);
+
+fn is_event(info: &RequestInfo) -> bool {
+    info.resource == "events" && matches!(info.group.as_str(), "" | "events.k8s.io")
 }
 
 /// One queued write, as stored in the outbox.
@@ -109,14 +130,18 @@ fn result_of(
     if info.verb == "patch" {
         let kind = PatchType::of_content_type(content_type)
             .ok_or_else(|| bad(format!("unsupported patch type {content_type:?}")))?;
-        let current = cached(cache, info)
-            .map_err(|e| Refused::Unavailable(e.to_string()))?
-            .ok_or_else(|| {
-                Refused::Unavailable(format!(
+        let current = match cached(cache, info).map_err(|e| Refused::Unavailable(e.to_string()))? {
+            Some(c) => c,
+            // An event the node recorded before the hub saw it (kubelet bumps its count
+            // by a patch): the patch still goes to the cloud; answer with what it says.
+            None if is_event(info) => bare_event(info),
+            None => {
+                return Err(Refused::Unavailable(format!(
                     "{} {}/{} is not in the local cache, so a patch cannot be answered offline",
                     info.resource, info.namespace, info.name
-                ))
-            })?;
+                )));
+            }
+        };
         // The node's view follows a JSON object; a protobuf-only copy (or an RFC 6902
         // patch) is answered as it is and catches up when the cloud answers the replay.
         if current.encoding != Encoding::Json || kind == PatchType::Json {
@@ -146,6 +171,58 @@ fn result_of(
         StatusCode::OK
     };
     Ok((code, item, true))
+}
+
+/// An event known only by its name: what a patch of it is applied to offline.
+fn bare_event(info: &RequestInfo) -> Item {
+    let api_version = if info.group.is_empty() {
+        info.version.clone()
+    } else {
+        format!("{}/{}", info.group, info.version)
+    };
+    Item {
+        name: info.name.clone(),
+        namespace: info.namespace.clone(),
+        rv: 0,
+        labels: vec![],
+        fields: vec![],
+        api_version: api_version.clone(),
+        kind: "Event".into(),
+        encoding: Encoding::Json,
+        body: serde_json::to_vec(&serde_json::json!({
+            "kind": "Event",
+            "apiVersion": api_version,
+            "metadata": {"name": info.name, "namespace": info.namespace},
+        }))
+        .unwrap_or_default(),
+    }
+}
+
+/// A node registration while the cloud is unreachable: the cloud answers `409
+/// AlreadyExists` for a node it has, and kubelet then goes on; for a node the hub never
+/// saw there is no truthful answer.
+fn register_node(cache: &Cache, content_type: &str, body: &[u8]) -> Response<ProxyBody> {
+    let Some(enc) = Encoding::of_content_type(content_type) else {
+        return Refused::BadRequest(format!("unsupported content type {content_type:?}"))
+            .response();
+    };
+    let node = match objects::parse_object("nodes", enc, body) {
+        Ok(n) => n,
+        Err(e) => return Refused::BadRequest(format!("request body: {e}")).response(),
+    };
+    let p = store::prefix("node", "/v1/nodes", Some(""), Some(&node.name));
+    match cache.store.scan(&p) {
+        Ok(held) if held.iter().any(|(_, r)| !r.deleted) => status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            &format!("nodes {:?} already exists", node.name),
+        ),
+        Ok(_) => unavailable(&format!(
+            "node {:?} is not in the local cache, so its registration cannot be answered offline",
+            node.name
+        )),
+        Err(e) => unavailable(&e.to_string()),
+    }
 }
 
 fn unavailable(why: &str) -> Response<ProxyBody> {
@@ -178,6 +255,9 @@ impl Cache {
         };
         let (content_type, component) = (content_type.to_string(), component.to_string());
         let answer = tokio::task::spawn_blocking(move || {
+            if info.resource == "nodes" && info.verb == "create" {
+                return register_node(&me, &content_type, &body);
+            }
             let (code, item, store_it) = match result_of(&me, &info, &content_type, &body) {
                 Ok(r) => r,
                 Err(refused) => return refused.response(),
@@ -195,12 +275,12 @@ impl Cache {
                 )
             });
             let raw = serde_json::to_vec(&queued).unwrap_or_default();
-            if let Err(e) = me.store.enqueue(&raw, update, MAX_QUEUED) {
-                return unavailable(&format!("this write cannot be queued: {e}"));
-            }
-            me.stats
-                .offline_accepted
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let budget = is_event(&info).then_some(EVENT_BUDGET);
+            let done = match me.store.enqueue(&raw, update, MAX_QUEUED, budget) {
+                Ok(d) => d,
+                Err(e) => return unavailable(&format!("this write cannot be queued: {e}")),
+            };
+            me.note_queued(done);
             Response::builder()
                 .status(code)
                 .header(header::CONTENT_TYPE, item.encoding.content_type())
@@ -213,6 +293,38 @@ impl Cache {
     }
 }
 
+impl Cache {
+    /// Counts a write queued offline; says so at INFO at most every 30 s, and every time
+    /// older events had to be dropped for it.
+    fn note_queued(&self, done: store::Enqueued) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let accepted = self.stats.offline_accepted.fetch_add(1, Relaxed) + 1;
+        if done.dropped > 0 {
+            self.stats.replay_dropped.fetch_add(done.dropped, Relaxed);
+            tracing::warn!(
+                dropped = done.dropped,
+                queued = done.queued,
+                "offline: the event budget ({} events, {} bytes) is full; dropped the oldest queued events",
+                EVENT_BUDGET.count,
+                EVENT_BUDGET.bytes
+            );
+        }
+        let mut last = self
+            .stats
+            .queued_logged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|t| t.elapsed() >= QUEUED_LOG_EVERY) {
+            *last = Some(std::time::Instant::now());
+            tracing::info!(
+                queued = done.queued,
+                accepted_so_far = accepted,
+                "offline: the cloud is unreachable; node writes are queued for replay"
+            );
+        }
+    }
+}
+
 /// What happened to one replayed write.
 enum Replay {
     Done,
@@ -220,6 +332,8 @@ enum Replay {
     Dropped(String),
     /// The cloud is not answering (yet): keep it and the writes after it.
     Later,
+    /// The cloud refused it for a reason that may pass: try again, for a while.
+    Refused(String),
 }
 
 async fn send(
@@ -313,18 +427,39 @@ async fn replay(cloud: &Cloud, q: &Queued) -> Replay {
             None => Replay::Later,
         };
     }
-    if code.is_server_error() || code == StatusCode::TOO_MANY_REQUESTS {
-        return Replay::Later;
+    if transient(code) {
+        return Replay::Refused(format!("cloud answered {code}: {}", message(&answer)));
     }
     Replay::Dropped(format!("cloud answered {code}: {}", message(&answer)))
+}
+
+/// Refusals that pass: a freshly started apiserver answers 403 until its authorizer has
+/// loaded RBAC, 401 until its authenticators are up, 429 and 5xx under load.
+fn transient(code: StatusCode) -> bool {
+    matches!(
+        code,
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::TOO_MANY_REQUESTS
+    ) || code.is_server_error()
+}
+
+/// The write at the head of the queue that the cloud refused for a reason that may pass.
+struct Retrying {
+    seq: u64,
+    /// Time spent waiting on it so far; past `REPLAY_PATIENCE` it is dropped.
+    waited: Duration,
+    backoff: Duration,
 }
 
 /// Replays queued writes in order whenever the cloud is healthy, until `stop`.
 pub async fn replay_forever(cache: Arc<Cache>, cloud: Arc<Cloud>, mut stop: watch::Receiver<bool>) {
     use std::sync::atomic::Ordering::Relaxed;
+    let mut retrying: Option<Retrying> = None;
+    // Counts since the queue was last empty, for the "replay done" line.
+    let (mut replayed, mut dropped) = (0u64, 0u64);
     loop {
+        let pause = retrying.as_ref().map_or(REPLAY_EVERY, |r| r.backoff);
         tokio::select! {
-            _ = tokio::time::sleep(REPLAY_EVERY) => {}
+            _ = tokio::time::sleep(pause) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
         if !cloud.healthy() {
@@ -334,13 +469,50 @@ pub async fn replay_forever(cache: Arc<Cache>, cloud: Arc<Cloud>, mut stop: watc
         let Ok(Ok(batch)) = tokio::task::spawn_blocking(move || store.queued(64)).await else {
             continue;
         };
+        if batch.is_empty() && replayed + dropped > 0 {
+            tracing::info!(
+                replayed,
+                dropped,
+                "offline: replay done; the queue is empty"
+            );
+            (replayed, dropped) = (0, 0);
+        }
         for (seq, raw) in batch {
             let outcome = match serde_json::from_slice::<Queued>(&raw) {
                 Ok(q) => {
-                    let r = replay(&cloud, &q).await;
+                    let mut r = replay(&cloud, &q).await;
+                    if let Replay::Refused(why) | Replay::Dropped(why) = &r {
+                        let tried = retrying.as_mut().filter(|t| t.seq == seq);
+                        match (&r, tried) {
+                            (Replay::Refused(_), Some(t)) if t.waited >= REPLAY_PATIENCE => {
+                                r = Replay::Dropped(format!(
+                                    "{why} (still refused after {} s)",
+                                    t.waited.as_secs()
+                                ));
+                            }
+                            (Replay::Refused(_), Some(t)) => {
+                                t.waited += t.backoff;
+                                t.backoff = (t.backoff * 2).min(REPLAY_BACKOFF_MAX);
+                            }
+                            (Replay::Refused(_), None) => {
+                                tracing::info!(
+                                    "offline: replay of {} {} refused, retrying for up to {} s: {why}",
+                                    q.method,
+                                    q.path_and_query,
+                                    REPLAY_PATIENCE.as_secs()
+                                );
+                                retrying = Some(Retrying {
+                                    seq,
+                                    waited: REPLAY_EVERY,
+                                    backoff: REPLAY_EVERY,
+                                });
+                            }
+                            _ => {}
+                        }
+                    }
                     if let Replay::Dropped(why) = &r {
                         cache.stats.error(format!(
-                            "offline write {} {} not replayed: {why}",
+                            "offline write {} {} dropped: {why}",
                             q.method, q.path_and_query
                         ));
                     }
@@ -349,10 +521,17 @@ pub async fn replay_forever(cache: Arc<Cache>, cloud: Arc<Cloud>, mut stop: watc
                 Err(e) => Replay::Dropped(format!("unreadable queued write: {e}")),
             };
             match outcome {
-                Replay::Later => break,
-                Replay::Done => cache.stats.replayed.fetch_add(1, Relaxed),
-                Replay::Dropped(_) => cache.stats.replay_dropped.fetch_add(1, Relaxed),
+                Replay::Later | Replay::Refused(_) => break,
+                Replay::Done => {
+                    replayed += 1;
+                    cache.stats.replayed.fetch_add(1, Relaxed)
+                }
+                Replay::Dropped(_) => {
+                    dropped += 1;
+                    cache.stats.replay_dropped.fetch_add(1, Relaxed)
+                }
             };
+            retrying = None;
             let store = cache.store.clone();
             if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.dequeue(seq)).await {
                 cache.stats.error(format!("outbox: {e}"));

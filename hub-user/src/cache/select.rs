@@ -181,6 +181,32 @@ impl Selector {
         self.fields.iter().map(|f| f.field.as_str())
     }
 
+    /// Whether a cached object is selected: its labels, its indexed fields, and its
+    /// `metadata.name` / `metadata.namespace` (which every kind supports).
+    pub fn matches_item(&self, item: &super::objects::Item) -> bool {
+        self.matches_named(&item.name, &item.namespace, &item.labels, &item.fields)
+    }
+
+    /// Like [`Selector::matches`], for an object named `name` in `namespace`.
+    pub fn matches_named(
+        &self,
+        name: &str,
+        namespace: &str,
+        labels: &[(String, String)],
+        fields: &[(String, String)],
+    ) -> bool {
+        let meta = [
+            ("metadata.name".to_string(), name.to_string()),
+            ("metadata.namespace".to_string(), namespace.to_string()),
+        ];
+        let uses_meta = self.fields.iter().any(|f| f.field.starts_with("metadata."));
+        if !uses_meta {
+            return self.matches(labels, fields);
+        }
+        let all: Vec<(String, String)> = meta.into_iter().chain(fields.iter().cloned()).collect();
+        self.matches(labels, &all)
+    }
+
     /// Whether an object with these labels and field values is selected. A field the
     /// object does not carry compares as "" (as kube-apiserver does).
     pub fn matches(&self, labels: &[(String, String)], fields: &[(String, String)]) -> bool {

@@ -167,9 +167,10 @@ fn latest(records: Vec<(ObjectKey, Record)>) -> Vec<Latest> {
     out
 }
 
-/// The kind of the objects in a scope (the resource's well-known kind when none is held).
-fn kind_of(objects: &[Latest], resource: &str) -> String {
-    objects
+/// The kind of the objects in a scope: an object's own, else the kind the cloud named
+/// the list by (`hint`, e.g. `CSIDriver`), else the resource's well-known kind.
+fn kind_of(objects: &[Latest], resource: &str, hint: &str) -> Result<String, String> {
+    let kind = objects
         .iter()
         .find_map(|l| {
             l.json
@@ -177,35 +178,104 @@ fn kind_of(objects: &[Latest], resource: &str) -> String {
                 .or(l.protobuf.as_ref())
                 .map(|i| i.kind.clone())
         })
-        .unwrap_or_else(|| objects::kind_for(resource).to_string())
+        .filter(|k| !k.is_empty())
+        .or_else(|| Some(hint.to_string()).filter(|k| !k.is_empty()))
+        .unwrap_or_else(|| objects::kind_for(resource).to_string());
+    if kind.is_empty() {
+        // An answer of kind "List" is one client-go cannot decode.
+        return Err(format!("the kind of {resource} is not known to the cache"));
+    }
+    Ok(kind)
 }
 
-/// Chooses the encoding that can answer with the most objects (ties: the client's order).
-fn choose(objects: &[&Latest], prefs: &[Encoding]) -> Option<(Encoding, usize)> {
-    prefs
+/// The first encoding the client accepts in which every one of `objects` is held. None
+/// of them means the answer would leave objects out: the cache says so instead of passing
+/// off a partial (or empty) answer as whole.
+fn whole_in_one_encoding(objects: &[&Latest], prefs: &[Encoding]) -> Result<Encoding, String> {
+    held_whole(prefs, |e| {
+        objects.iter().filter(|l| l.pick(e).is_none()).count()
+    })
+}
+
+/// The first of `prefs` for which `missing` counts no object, or why there is none.
+pub(crate) fn held_whole(
+    prefs: &[Encoding],
+    missing: impl Fn(Encoding) -> usize,
+) -> Result<Encoding, String> {
+    if let Some(e) = prefs.iter().copied().find(|e| missing(*e) == 0) {
+        return Ok(e);
+    }
+    let names: Vec<String> = prefs
         .iter()
-        .map(|e| (*e, objects.iter().filter(|l| l.pick(*e).is_some()).count()))
-        .fold(None, |best: Option<(Encoding, usize)>, (e, n)| match best {
-            Some((_, bn)) if bn >= n => best,
-            _ => Some((e, n)),
+        .map(|e| {
+            format!(
+                "{} are held only in another encoding than {}",
+                missing(*e),
+                e.content_type()
+            )
         })
+        .collect();
+    Err(format!(
+        "the answer would leave objects out: {} (the client accepts only {})",
+        names.join("; "),
+        prefs
+            .iter()
+            .map(|e| e.content_type())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
 }
 
-/// Whether the cache holds a complete list that covers `namespace` ("" = all).
+/// A complete list the cache holds whose answer covers `asked` in `namespace`: one of
+/// that namespace or of all namespaces, unfiltered or under a selector `asked` is within.
 fn covering_list(
     store: &Store,
     credential: &str,
     gvr: &str,
     namespace: &str,
+    asked: &Selector,
 ) -> Result<Option<store::ListMeta>, String> {
-    let e = |e: store::StoreError| e.to_string();
-    if let Some(m) = store.list_meta(credential, gvr, namespace).map_err(e)? {
-        return Ok(Some(m));
+    let scopes: &[&str] = if namespace.is_empty() {
+        &[""]
+    } else {
+        &[namespace, ""]
+    };
+    for ns in scopes {
+        let metas = store
+            .list_metas(credential, gvr, ns)
+            .map_err(|e| e.to_string())?;
+        let covering = metas.into_iter().find(|m| {
+            m.unfiltered
+                || Selector::parse(&m.selector.0, &m.selector.1)
+                    .is_ok_and(|cached| asked.within(&cached))
+        });
+        if covering.is_some() {
+            return Ok(covering);
+        }
     }
-    if namespace.is_empty() {
-        return Ok(None);
+    Ok(None)
+}
+
+/// The name a selector asks for when it is exactly `metadata.name=<name>` (with
+/// `metadata.namespace=` at most besides): kubelet's node and per-ConfigMap informers.
+fn single_name(sel: &Selector) -> Option<String> {
+    let (labels, fields) = sel.source();
+    if !labels.is_empty() {
+        return None;
     }
-    store.list_meta(credential, gvr, "").map_err(e)
+    let mut name = None;
+    for req in fields.split(',').map(str::trim) {
+        let (field, value) = req
+            .split_once("==")
+            .or_else(|| req.split_once('='))
+            .filter(|(f, _)| !f.ends_with('!'))?;
+        match field.trim() {
+            "metadata.name" => name = Some(value.trim().to_string()),
+            "metadata.namespace" => {}
+            _ => return None,
+        }
+    }
+    name.filter(|n| !n.is_empty())
 }
 
 pub struct Server {
@@ -325,9 +395,12 @@ fn get(
         )
     };
     let Some(l) = objects.first() else {
-        // Absent from a complete, unfiltered list: truthfully not found (as of that list).
-        return match covering_list(store, credential, &gvr, &info.namespace)? {
-            Some(m) if m.unfiltered => Ok(not_found()),
+        // Absent from a complete list that would hold it: truthfully not found (as of that
+        // list).
+        let by_name = Selector::parse("", &format!("metadata.name={}", info.name))
+            .map_err(|e| e.to_string())?;
+        return match covering_list(store, credential, &gvr, &info.namespace, &by_name)? {
+            Some(_) => Ok(not_found()),
             _ => Err(format!(
                 "{} {}/{} is not in the local cache for this client",
                 info.resource, info.namespace, info.name
@@ -393,43 +466,73 @@ pub(crate) fn bad_request(msg: &str) -> Response<ProxyBody> {
     status(StatusCode::BAD_REQUEST, "BadRequest", msg)
 }
 
-/// The matching objects of a list or watch scope, and the resourceVersion they stand at.
+/// The objects of a list or watch scope, the resourceVersion they stand at, and the
+/// kind the cloud named the list by (empty if not known).
 fn scope_objects(
     store: &Store,
     info: &RequestInfo,
     credential: &str,
     asked: &Selector,
-) -> Result<(Vec<Latest>, u64), String> {
+) -> Result<(Vec<Latest>, u64, String), String> {
     let gvr = info.gvr();
-    let Some(meta) = covering_list(store, credential, &gvr, &info.namespace)? else {
-        return Err(format!(
-            "no list of {} {} was cached for this client before the cloud became unreachable",
-            gvr,
-            if info.namespace.is_empty() {
-                "(all namespaces)".to_string()
-            } else {
-                format!("in {}", info.namespace)
-            }
-        ));
-    };
-    // A list cached under a selector answers only requests within it: anything else
-    // could be missing objects that list never returned.
-    if !meta.unfiltered {
-        let cached = Selector::parse(&meta.selector.0, &meta.selector.1).unwrap_or_default();
-        if !asked.within(&cached) {
-            let (l, f) = (&meta.selector.0, &meta.selector.1);
-            return Err(format!(
-                "only a list of {gvr} with labelSelector {l:?} fieldSelector {f:?} was cached for this client; this request asks for more"
-            ));
-        }
-    }
     let ns = (!info.namespace.is_empty()).then_some(info.namespace.as_str());
+    let Some(meta) = covering_list(store, credential, &gvr, &info.namespace, asked)? else {
+        // One object asked for by name: the copy a GET would be answered from (or its
+        // tombstone) answers the list too.
+        if let Some(name) = single_name(asked) {
+            let records = store
+                .scan(&store::prefix(
+                    credential,
+                    &gvr,
+                    Some(&info.namespace),
+                    Some(&name),
+                ))
+                .map_err(|e| e.to_string())?;
+            if !records.is_empty() {
+                let objects = latest(records);
+                let rv = objects.iter().map(|l| l.newest_rv).max().unwrap_or(0);
+                return Ok((objects, rv, String::new()));
+            }
+        }
+        let held: Vec<String> = store
+            .list_metas(credential, &gvr, &info.namespace)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .take(3)
+            .map(|m| {
+                format!(
+                    "labelSelector {:?} fieldSelector {:?}",
+                    m.selector.0, m.selector.1
+                )
+            })
+            .collect();
+        let scope = if info.namespace.is_empty() {
+            "(all namespaces)".to_string()
+        } else {
+            format!("in {}", info.namespace)
+        };
+        return Err(if held.is_empty() {
+            format!(
+                "no list of {gvr} {scope} was cached for this client before the cloud became unreachable"
+            )
+        } else {
+            format!(
+                "the lists of {gvr} {scope} cached for this client ({}) do not cover this request's selector",
+                held.join(", ")
+            )
+        });
+    };
     let records = store
         .scan(&store::prefix(credential, &gvr, ns, None))
         .map_err(|e| e.to_string())?;
     let objects = latest(records);
     let rv = objects.iter().map(|l| l.newest_rv).fold(meta.rv, u64::max);
-    Ok((objects, rv))
+    let kind = meta
+        .kind
+        .strip_suffix("List")
+        .unwrap_or_default()
+        .to_string();
+    Ok((objects, rv, kind))
 }
 
 fn list(
@@ -443,8 +546,8 @@ fn list(
         Ok(s) => s,
         Err(msg) => return Ok(bad_request(&msg)),
     };
-    let (objects, rv) = scope_objects(store, info, credential, &sel)?;
-    render_list(FROM_LOCAL_CACHE, objects, rv, info, query, prefs)
+    let (objects, rv, kind) = scope_objects(store, info, credential, &sel)?;
+    render_list(FROM_LOCAL_CACHE, objects, rv, &kind, info, query, prefs)
 }
 
 /// Answers a get or list from objects read elsewhere (the pool coordinator): `items` are
@@ -478,7 +581,7 @@ pub fn answer_from(
         .collect();
     let objects = latest(records);
     match info.verb {
-        "list" => render_list(source, objects, rv, info, query, &prefs),
+        "list" => render_list(source, objects, rv, "", info, query, &prefs),
         "get" => {
             let found = objects
                 .iter()
@@ -504,6 +607,7 @@ fn render_list(
     source: &str,
     objects: Vec<Latest>,
     rv: u64,
+    kind_hint: &str,
     info: &RequestInfo,
     query: &str,
     prefs: &[Encoding],
@@ -512,7 +616,7 @@ fn render_list(
         Ok(s) => s,
         Err(msg) => return Ok(bad_request(&msg)),
     };
-    let kind = kind_of(&objects, &info.resource);
+    let kind = kind_of(&objects, &info.resource, kind_hint)?;
     let selected: Vec<&Latest> = objects
         .iter()
         .filter(|l| !l.deleted)
@@ -520,17 +624,11 @@ fn render_list(
             l.json
                 .as_ref()
                 .or(l.protobuf.as_ref())
-                .is_some_and(|i| sel.matches(&i.labels, &i.fields))
+                .is_some_and(|i| sel.matches_item(i))
         })
         .collect();
-    let Some((enc, _)) = choose(&selected, prefs) else {
-        return Err("no acceptable encoding".into());
-    };
-    let left_out = selected.iter().filter(|l| l.pick(enc).is_none()).count();
-    let mut items: Vec<&Latest> = selected
-        .into_iter()
-        .filter(|l| l.pick(enc).is_some())
-        .collect();
+    let enc = whole_in_one_encoding(&selected, prefs)?;
+    let mut items = selected;
     let cont = param(query, "continue");
     if !cont.is_empty() {
         let Some((ns, name)) = parse_continue(&cont) else {
@@ -549,9 +647,6 @@ fn render_list(
     }
     let list_kind = format!("{kind}List");
     let av = api_version(info);
-    let warning = (left_out > 0).then(|| {
-        format!("{left_out} cached objects were left out: they are cached only in another encoding")
-    });
     let body = match enc {
         Encoding::Json => {
             let mut meta = serde_json::json!({"resourceVersion": rv.to_string()});
@@ -587,7 +682,7 @@ fn render_list(
             kproto::envelope(&av, &list_kind, &raw)
         }
     };
-    let resp = respond(source, enc.content_type(), body, warning);
+    let resp = respond(source, enc.content_type(), body, None);
     if objects.len() >= LARGE_LIST {
         // The decoded records of a large list are freed now; hand the memory back rather
         // than keep the peak as RSS.
@@ -690,15 +785,24 @@ async fn watch(
     };
     let (scan_info, scan_cred, scan_store) = (info.clone(), credential.clone(), store.clone());
     let scan_sel = sel.clone();
-    let (objects, rv) =
+    let (objects, rv, kind_hint) =
         run_blocking(move || scope_objects(&scan_store, &scan_info, &scan_cred, &scan_sel)).await?;
-    let live: Vec<&Latest> = objects.iter().filter(|l| !l.deleted).collect();
-    let enc = choose(&live, &prefs).map_or(prefs[0], |(e, _)| e);
+    let live: Vec<&Latest> = objects
+        .iter()
+        .filter(|l| !l.deleted)
+        .filter(|l| {
+            l.json
+                .as_ref()
+                .or(l.protobuf.as_ref())
+                .is_some_and(|i| sel.matches_item(i))
+        })
+        .collect();
+    let enc = whole_in_one_encoding(&live, &prefs)?;
     let from: u64 = param(&query, "resourceVersion").parse().unwrap_or(0);
     let initial = from == 0 || param(&query, "sendInitialEvents") == "true";
     let bookmarks = param(&query, "allowWatchBookmarks") == "true";
     let av = api_version(&info);
-    let kind = kind_of(&objects, &info.resource);
+    let kind = kind_of(&objects, &info.resource, &kind_hint)?;
     // What happened after `from`, as far as the cache knows: live objects as MODIFIED (or
     // ADDED for a fresh start), deletions as DELETED.
     let mut first: Vec<Bytes> = Vec::new();
@@ -714,7 +818,7 @@ async fn watch(
             continue;
         }
         let Some(item) = l.pick(enc) else { continue };
-        if sel.matches(&item.labels, &item.fields) {
+        if sel.matches_item(item) {
             first.push(event(enc, if initial { "ADDED" } else { "MODIFIED" }, item));
         }
     }
@@ -807,10 +911,11 @@ mod tests {
         assert_eq!(v["metadata"]["resourceVersion"], "7");
     }
 
-    /// The pool holds pods pushed as JSON by one hub and as protobuf by another; a client
-    /// that takes only JSON gets the JSON ones and is told how many were left out.
+    /// The pool holds pods pushed as JSON by one hub and as protobuf by another: a client
+    /// that takes only JSON is refused with the count left out (never a partial list),
+    /// one that takes both gets all of them in the encoding that holds them all, if any.
     #[test]
-    fn objects_held_only_in_another_encoding_are_counted_in_a_warning() {
+    fn a_list_that_would_leave_objects_out_is_refused() {
         let pod = |name: &str, encoding: Encoding| Item {
             name: name.into(),
             namespace: "default".into(),
@@ -830,30 +935,49 @@ mod tests {
             },
         };
         let info = RequestInfo::parse(&hyper::Method::GET, "/api/v1/pods", "");
-        let items = vec![
+        let mixed = vec![
             pod("a", Encoding::Json),
             pod("b", Encoding::Protobuf),
             pod("c", Encoding::Protobuf),
         ];
-        let resp = answer_from(FROM_COORDINATOR, items, 9, &info, "", "application/json").unwrap();
-        let warning: String = resp
-            .headers()
-            .get_all("warning")
-            .iter()
-            .map(|w| w.to_str().unwrap())
-            .collect();
+        let refused = answer_from(
+            FROM_COORDINATOR,
+            mixed.clone(),
+            9,
+            &info,
+            "",
+            "application/json",
+        )
+        .unwrap_err();
         assert!(
-            warning.contains("2 cached objects were left out"),
-            "{warning}"
+            refused.contains("2 are held only in another encoding than application/json"),
+            "{refused}"
         );
-        let v: serde_json::Value = serde_json::from_slice(&body_of(resp)).unwrap();
-        let names: Vec<&str> = v["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| i["metadata"]["name"].as_str().unwrap())
-            .collect();
-        assert_eq!(names, ["a"]);
+        let refused = answer_from(
+            FROM_COORDINATOR,
+            mixed,
+            9,
+            &info,
+            "",
+            "application/vnd.kubernetes.protobuf,application/json",
+        )
+        .unwrap_err();
+        assert!(refused.contains("1 are held only"), "{refused}");
+        // All held as protobuf: a client that prefers JSON but takes protobuf gets them.
+        let all_pb = vec![pod("b", Encoding::Protobuf), pod("c", Encoding::Protobuf)];
+        let resp = answer_from(
+            FROM_COORDINATOR,
+            all_pb,
+            9,
+            &info,
+            "",
+            "application/json,application/vnd.kubernetes.protobuf",
+        )
+        .unwrap();
+        assert_eq!(
+            resp.headers()[header::CONTENT_TYPE],
+            "application/vnd.kubernetes.protobuf"
+        );
     }
 
     fn body_of(resp: Response<ProxyBody>) -> Bytes {

@@ -6,9 +6,12 @@
 //!   record (resourceVersion, encoding, metadata for selectors, the original bytes).
 //!   Objects of one resource sort together by namespace and name, and the copies different
 //!   components hold of one object sit side by side.
-//! * `lists`: `credential \0 gvr \0 namespace` → the last complete LIST committed there
-//!   (its resourceVersion and whether it was unfiltered), so the cache knows which lists it
-//!   can answer truthfully.
+//! * `lists`: `credential \0 gvr \0 namespace \0 labelSelector \0 fieldSelector` → the
+//!   last complete LIST committed under that selector (its resourceVersion, its kind, when
+//!   it was stored), so the cache knows which lists it can answer truthfully. Every
+//!   distinct selector keeps its own record (kubelet lists each ConfigMap and Secret its
+//!   pods mount by `metadata.name`), at most [`MAX_LISTS_PER_SCOPE`] per namespace and
+//!   resource: past that the oldest is forgotten.
 //! * `raw`: `path \0 content-type` → discovery and /version answers.
 //! * `outbox`: sequence number → a write accepted while the cloud was unreachable, kept
 //!   until it is replayed (see `offline`).
@@ -36,6 +39,10 @@ const OBJECTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("objects");
 const LISTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("lists");
 const RAW: TableDefinition<&[u8], &[u8]> = TableDefinition::new("raw");
 const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
+/// The queued writes that may be dropped first when their budget is full (events):
+/// sequence number → size; the row at [`BUDGET_TOTAL`] holds their total size.
+const EXPENDABLE: TableDefinition<u64, u64> = TableDefinition::new("outbox-expendable");
+const BUDGET_TOTAL: u64 = u64::MAX;
 
 /// The store's file name under cache.dir.
 pub const FILE: &str = "cache.redb";
@@ -288,7 +295,29 @@ impl Version {
     }
 }
 
-/// What the cache knows about the last complete list of a resource.
+/// Selectors whose lists are remembered per credential, resource and namespace (kubelet
+/// keeps one per ConfigMap or Secret its pods mount); the oldest record goes first. A
+/// record is ~100 bytes; recording a new selector counts the scope's records (measured
+/// in a debug build: 1034 new selectors into one scope in ~1 s).
+pub const MAX_LISTS_PER_SCOPE: usize = 1024;
+
+/// How many queued writes of a kind that may be dropped (events) are kept, and how many
+/// bytes they may take; past either, the oldest of them are dropped.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// A write queued: the queue's length after it, and how many expendable writes were
+/// dropped to make room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    pub queued: u64,
+    pub dropped: u64,
+}
+
+/// What the cache knows about the last complete list under one selector.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListMeta {
     pub rv: u64,
@@ -296,10 +325,52 @@ pub struct ListMeta {
     pub unfiltered: bool,
     /// The selector it had (label, field): it covers only what that selects.
     pub selector: (String, String),
+    /// The list's kind as the cloud named it (`CSIDriverList`); empty if not known.
+    pub kind: String,
+    /// When it was stored (seconds since the epoch).
+    pub stored_at: u64,
 }
 
-fn list_key(credential: &str, gvr: &str, namespace: &str) -> Vec<u8> {
-    join(&[credential, gvr, namespace])
+impl ListMeta {
+    /// rv, unfiltered, then `labels \0 fields \0 kind \0 stored_at`. Records written
+    /// before the kind and time were kept end after the fields, and read back without them.
+    fn encode(&self) -> Vec<u8> {
+        let mut v = self.rv.to_le_bytes().to_vec();
+        v.push(u8::from(self.unfiltered));
+        let (l, f) = &self.selector;
+        v.extend_from_slice(format!("{l}\0{f}\0{}\0{}", self.kind, self.stored_at).as_bytes());
+        v
+    }
+
+    fn decode(b: &[u8]) -> Option<ListMeta> {
+        let text = std::str::from_utf8(b.get(9..)?).ok()?;
+        let mut parts = text.split('\0');
+        let labels = parts.next().unwrap_or_default().to_string();
+        let fields = parts.next().unwrap_or_default().to_string();
+        let kind = parts.next().unwrap_or_default().to_string();
+        let stored_at = parts.next().and_then(|t| t.parse().ok()).unwrap_or(0);
+        Some(ListMeta {
+            rv: u64::from_le_bytes(b.get(..8)?.try_into().ok()?),
+            unfiltered: *b.get(8)? == 1,
+            selector: (labels, fields),
+            kind,
+            stored_at,
+        })
+    }
+}
+
+/// The key of one selector's list record.
+fn list_key(credential: &str, gvr: &str, namespace: &str, selector: (&str, &str)) -> Vec<u8> {
+    join(&[credential, gvr, namespace, selector.0, selector.1])
+}
+
+/// The range holding every list record of one namespace (and the single record per
+/// namespace that stores before per-selector records kept, whose key is the scope itself).
+fn list_scope(credential: &str, gvr: &str, namespace: &str) -> (Vec<u8>, Vec<u8>) {
+    let start = join(&[credential, gvr, namespace]);
+    let mut below = start.clone();
+    below.push(0);
+    (start, prefix_end(&below))
 }
 
 /// One change, applied inside a batch's transaction.
@@ -332,6 +403,8 @@ pub enum Write {
         prune: bool,
         rv: u64,
         items: Vec<Item>,
+        /// The list's kind as the cloud named it (`NodeList`).
+        list_kind: String,
     },
     /// Discovery or /version.
     Raw {
@@ -412,6 +485,7 @@ impl Store {
             txn.open_table(t).map_err(db_err)?;
         }
         txn.open_table(OUTBOX).map_err(db_err)?;
+        txn.open_table(EXPENDABLE).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
         Ok(Store {
             db: std::sync::RwLock::new(Some(Db::ReadWrite(db))),
@@ -479,28 +553,27 @@ impl Store {
         Ok(out)
     }
 
-    /// The last complete list of `gvr` in `namespace` ("" = all namespaces / cluster-scoped).
-    pub fn list_meta(
+    /// The complete lists of `gvr` in `namespace` ("" = all namespaces / cluster-scoped)
+    /// the cache holds, one per selector, newest first.
+    pub fn list_metas(
         &self,
         credential: &str,
         gvr: &str,
         namespace: &str,
-    ) -> Result<Option<ListMeta>, StoreError> {
+    ) -> Result<Vec<ListMeta>, StoreError> {
         let txn = self.read()?;
         let table = txn.open_table(LISTS).map_err(db_err)?;
-        let v = table
-            .get(list_key(credential, gvr, namespace).as_slice())
-            .map_err(db_err)?;
-        Ok(v.and_then(|v| {
-            let b = v.value();
-            let text = std::str::from_utf8(b.get(9..).unwrap_or_default()).ok()?;
-            let (labels, fields) = text.split_once('\0').unwrap_or((text, ""));
-            Some(ListMeta {
-                rv: u64::from_le_bytes(b.get(..8)?.try_into().ok()?),
-                unfiltered: *b.get(8)? == 1,
-                selector: (labels.to_string(), fields.to_string()),
-            })
-        }))
+        let (start, end) = list_scope(credential, gvr, namespace);
+        let mut out = Vec::new();
+        for entry in table
+            .range(start.as_slice()..end.as_slice())
+            .map_err(db_err)?
+        {
+            let (_, v) = entry.map_err(db_err)?;
+            out.extend(ListMeta::decode(v.value()));
+        }
+        out.sort_by_key(|m| std::cmp::Reverse(m.stored_at));
+        Ok(out)
     }
 
     /// Discovery answers stored for `path`: (content type, body).
@@ -588,6 +661,7 @@ impl Store {
                         prune,
                         rv,
                         items,
+                        list_kind,
                     } => {
                         replace_list(
                             &mut objects,
@@ -601,16 +675,17 @@ impl Store {
                             now,
                             &mut applied,
                         )?;
-                        let mut meta = rv.to_le_bytes().to_vec();
-                        meta.push(u8::from(selector.is_empty()));
-                        let (labels, fields) = selector.source();
-                        meta.extend_from_slice(format!("{labels}\0{fields}").as_bytes());
-                        lists
-                            .insert(
-                                list_key(&credential, &gvr, &namespace).as_slice(),
-                                meta.as_slice(),
-                            )
-                            .map_err(db_err)?;
+                        let meta = ListMeta {
+                            rv,
+                            unfiltered: selector.is_empty(),
+                            selector: (
+                                selector.source().0.to_string(),
+                                selector.source().1.to_string(),
+                            ),
+                            kind: list_kind,
+                            stored_at: now,
+                        };
+                        remember_list(&mut lists, &credential, &gvr, &namespace, &meta)?;
                     }
                     Write::Raw {
                         path,
@@ -673,14 +748,43 @@ impl Store {
         write: &[u8],
         update: Option<(ObjectKey, Item)>,
         max: u64,
-    ) -> Result<u64, StoreError> {
+        expendable: Option<Budget>,
+    ) -> Result<Enqueued, StoreError> {
         let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
         let Some(Db::ReadWrite(db)) = guard.as_ref() else {
             return Err(StoreError::Db("store closed or opened read-only".into()));
         };
         let txn = db.begin_write().map_err(db_err)?;
-        let len = {
+        let done = {
             let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
+            let mut cheap = txn.open_table(EXPENDABLE).map_err(db_err)?;
+            let mut dropped = 0;
+            if let Some(budget) = expendable {
+                // Make room by dropping the oldest expendable writes, never others.
+                let size = write.len() as u64;
+                let total_row = cheap.get(BUDGET_TOTAL).map_err(db_err)?.map(|v| v.value());
+                let mut total = total_row.unwrap_or(0);
+                let mut count = cheap.len().map_err(db_err)? - u64::from(total_row.is_some());
+                while count > 0 && (count >= budget.count || total + size > budget.bytes) {
+                    let Some((seq, len)) = cheap
+                        .first()
+                        .map_err(db_err)?
+                        .map(|(k, v)| (k.value(), v.value()))
+                        .filter(|(k, _)| *k != BUDGET_TOTAL)
+                    else {
+                        break;
+                    };
+                    cheap.remove(seq).map_err(db_err)?;
+                    outbox.remove(seq).map_err(db_err)?;
+                    (count, total, dropped) = (count - 1, total - len, dropped + 1);
+                }
+                if size > budget.bytes {
+                    return Err(StoreError::Db(format!(
+                        "this write ({size} bytes) is larger than its queue's budget"
+                    )));
+                }
+                cheap.insert(BUDGET_TOTAL, total + size).map_err(db_err)?;
+            }
             let len = outbox.len().map_err(db_err)?;
             if len >= max {
                 return Err(StoreError::Db(format!(
@@ -692,6 +796,9 @@ impl Store {
                 .map_err(db_err)?
                 .map_or(1, |(k, _)| k.value() + 1);
             outbox.insert(next, write).map_err(db_err)?;
+            if expendable.is_some() {
+                cheap.insert(next, write.len() as u64).map_err(db_err)?;
+            }
             if let Some((key, item)) = update {
                 let rec = Record::live(item, false, now());
                 txn.open_table(OBJECTS)
@@ -699,10 +806,13 @@ impl Store {
                     .insert(key.encode().as_slice(), rec.encode().as_slice())
                     .map_err(db_err)?;
             }
-            len + 1
+            Enqueued {
+                queued: len + 1,
+                dropped,
+            }
         };
         txn.commit().map_err(db_err)?;
-        Ok(len)
+        Ok(done)
     }
 
     /// The oldest queued writes, in order.
@@ -738,6 +848,19 @@ impl Store {
             .map_err(db_err)?
             .remove(seq)
             .map_err(db_err)?;
+        {
+            let mut cheap = txn.open_table(EXPENDABLE).map_err(db_err)?;
+            let size = cheap.remove(seq).map_err(db_err)?.map(|v| v.value());
+            if let Some(size) = size {
+                let total = cheap
+                    .get(BUDGET_TOTAL)
+                    .map_err(db_err)?
+                    .map_or(0, |v| v.value());
+                cheap
+                    .insert(BUDGET_TOTAL, total.saturating_sub(size))
+                    .map_err(db_err)?;
+            }
+        }
         txn.commit().map_err(db_err)
     }
 
@@ -800,6 +923,55 @@ fn stored_version(
         .get(key)
         .map_err(db_err)?
         .and_then(|v| Version::read(v.value())))
+}
+
+/// Records a complete list under its selector; the scope's oldest record goes when the
+/// scope already holds [`MAX_LISTS_PER_SCOPE`].
+fn remember_list(
+    lists: &mut redb::Table<&[u8], &[u8]>,
+    credential: &str,
+    gvr: &str,
+    namespace: &str,
+    meta: &ListMeta,
+) -> Result<(), StoreError> {
+    let key = list_key(
+        credential,
+        gvr,
+        namespace,
+        (&meta.selector.0, &meta.selector.1),
+    );
+    let (start, end) = list_scope(credential, gvr, namespace);
+    // A record from before per-selector records: this one takes its place.
+    lists.remove(start.as_slice()).map_err(db_err)?;
+    let new = lists.get(key.as_slice()).map_err(db_err)?.is_none();
+    // Counting is cheap; the records are read only when one has to go.
+    if new
+        && lists
+            .range(start.as_slice()..end.as_slice())
+            .map_err(db_err)?
+            .count()
+            >= MAX_LISTS_PER_SCOPE
+    {
+        let mut held: Vec<(u64, Vec<u8>)> = Vec::new();
+        for entry in lists
+            .range(start.as_slice()..end.as_slice())
+            .map_err(db_err)?
+        {
+            let (k, v) = entry.map_err(db_err)?;
+            let at = ListMeta::decode(v.value()).map_or(0, |m| m.stored_at);
+            held.push((at, k.value().to_vec()));
+        }
+        {
+            held.sort();
+            for (_, k) in &held[..=held.len() - MAX_LISTS_PER_SCOPE] {
+                lists.remove(k.as_slice()).map_err(db_err)?;
+            }
+        }
+    }
+    lists
+        .insert(key.as_slice(), meta.encode().as_slice())
+        .map_err(db_err)?;
+    Ok(())
 }
 
 fn stored(objects: &redb::Table<&[u8], &[u8]>, key: &[u8]) -> Result<Option<Record>, StoreError> {
@@ -874,7 +1046,7 @@ fn replace_list(
             continue;
         }
         let Some(selector) = prune else { continue };
-        if old.item.rv > rv || !selector.matches(&old.item.labels, &old.item.fields) {
+        if old.item.rv > rv || !selector.matches_item(&old.item) {
             continue;
         }
         let mut gone = old.item;
@@ -942,6 +1114,7 @@ mod tests {
             prune: true,
             rv,
             items,
+            list_kind: "PodList".into(),
         }
     }
 
@@ -1100,14 +1273,21 @@ mod tests {
                 ("ns10/d@kubelet".into(), 20)
             ]
         );
-        assert_eq!(
-            s.list_meta("node", "/v1/pods", "").unwrap(),
-            Some(ListMeta {
-                rv: 15,
-                unfiltered: false,
-                selector: ("app=web".into(), String::new()),
-            })
-        );
+        // Each selector keeps its own record (the unfiltered one, from rv 10, too).
+        let metas: Vec<(u64, bool, (String, String))> = s
+            .list_metas("node", "/v1/pods", "")
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.rv, m.unfiltered, m.selector))
+            .collect();
+        assert_eq!(metas.len(), 3, "{metas:?}");
+        for want in [
+            (15, false, ("app=web".to_string(), String::new())),
+            (15, false, ("app=db".to_string(), String::new())),
+        ] {
+            assert!(metas.contains(&want), "{metas:?}");
+        }
+        assert!(metas.iter().any(|(_, unfiltered, _)| *unfiltered));
         // Gone from an unfiltered list: deleted. Gone from a filtered one: maybe only out
         // of the selection, which the pool must not take for a deletion.
         let tombstones: Vec<(String, bool)> = s
@@ -1121,6 +1301,97 @@ mod tests {
             tombstones,
             vec![("ns1/b".into(), false), ("ns10/c".into(), true)]
         );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn expendable_writes_make_room_by_dropping_their_oldest_only() {
+        let dir = temp();
+        let s = Store::open(&dir).unwrap();
+        let budget = Budget {
+            count: 3,
+            bytes: 100,
+        };
+        let queue = |s: &Store| -> Vec<String> {
+            s.queued(100)
+                .unwrap()
+                .into_iter()
+                .map(|(_, w)| String::from_utf8(w).unwrap())
+                .collect()
+        };
+        s.enqueue(b"lease-1", None, 100, None).unwrap();
+        for i in 0..3 {
+            let done = s
+                .enqueue(format!("event-{i}").as_bytes(), None, 100, Some(budget))
+                .unwrap();
+            assert_eq!(done.dropped, 0);
+        }
+        s.enqueue(b"status-1", None, 100, None).unwrap();
+        // A fourth event: the oldest event goes, never the lease or the status.
+        let done = s.enqueue(b"event-3", None, 100, Some(budget)).unwrap();
+        assert_eq!((done.queued, done.dropped), (5, 1));
+        assert_eq!(
+            queue(&s),
+            ["lease-1", "event-1", "event-2", "status-1", "event-3"]
+        );
+        // Bytes count too: a large event pushes out as many as it needs.
+        let big = [b'x'; 90];
+        let done = s.enqueue(&big, None, 100, Some(budget)).unwrap();
+        assert_eq!(done.dropped, 2);
+        assert_eq!(queue(&s).len(), 4);
+        // Replayed events give their share back.
+        for (seq, _) in s.queued(100).unwrap() {
+            s.dequeue(seq).unwrap();
+        }
+        for i in 0..3 {
+            let d = s
+                .enqueue(format!("e{i}").as_bytes(), None, 100, Some(budget))
+                .unwrap();
+            assert_eq!(d.dropped, 0, "the budget is whole again");
+        }
+        assert!(
+            s.enqueue(&[b'y'; 101], None, 100, Some(budget)).is_err(),
+            "larger than the whole budget"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn each_selector_keeps_its_list_record_within_a_bound() {
+        let dir = temp();
+        let s = Store::open(&dir).unwrap();
+        let by_name = |name: &str, rv: u64| Write::ReplaceList {
+            credential: "node".into(),
+            component: "kubelet".into(),
+            gvr: "/v1/configmaps".into(),
+            namespace: "ns1".into(),
+            selector: Selector::parse("", &format!("metadata.name={name}")).unwrap(),
+            prune: true,
+            rv,
+            items: vec![],
+            list_kind: "ConfigMapList".into(),
+        };
+        let started = std::time::Instant::now();
+        let n = MAX_LISTS_PER_SCOPE + 10;
+        s.apply(
+            (0..n)
+                .map(|i| by_name(&format!("cm-{i}"), i as u64 + 1))
+                .collect(),
+        )
+        .unwrap();
+        let metas = s.list_metas("node", "/v1/configmaps", "ns1").unwrap();
+        eprintln!(
+            "{n} per-name lists recorded in {:?}; {} kept",
+            started.elapsed(),
+            metas.len()
+        );
+        assert_eq!(metas.len(), MAX_LISTS_PER_SCOPE);
+        assert!(metas.iter().all(|m| m.kind == "ConfigMapList"));
+        // The same selector again replaces its record, it does not add one.
+        s.apply(vec![by_name("cm-5000", 9999)]).unwrap();
+        let metas = s.list_metas("node", "/v1/configmaps", "ns1").unwrap();
+        assert_eq!(metas.len(), MAX_LISTS_PER_SCOPE);
+        assert!(metas.iter().any(|m| m.rv == 9999));
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -1,7 +1,9 @@
 //! A response body that passes every frame to the client unchanged and hands a copy to the
 //! cache writer: whole GET/LIST answers once they have arrived completely (an answer cut
 //! short is never cached), watch events one by one as they stream. The copy is a reference
-//! count on the same buffers; parsing happens on the writer thread, not here.
+//! count on the same buffers; parsing happens on the writer thread, not here. A gzipped
+//! answer reaches the client as the cloud sent it; the writer decodes its copy (a whole
+//! answer), or the tee decodes a gzipped watch stream piece by piece to split its events.
 use std::{
     pin::Pin,
     task::{Context, Poll},
@@ -14,7 +16,10 @@ use super::{
     objects::Encoding,
     writer::{Op, Target, Writer},
 };
-use crate::upstream::cloud::{BodyError, ProxyBody};
+use crate::{
+    gzip,
+    upstream::cloud::{BodyError, ProxyBody},
+};
 
 /// Answers larger than this are passed on but not cached.
 pub const MAX_CACHED_BODY: usize = 64 * 1024 * 1024;
@@ -28,12 +33,15 @@ enum Sink {
         parts: Vec<Bytes>,
         len: usize,
         target: Option<Target>,
+        gzip: bool,
     },
     /// A watch: events are split off as they complete.
     Events {
         carry: BytesMut,
         target: Target,
         broken: bool,
+        /// Decodes a gzipped stream before it is split (boxed: watches are rarely gzipped).
+        gunzip: Option<Box<gzip::Decoder>>,
     },
 }
 
@@ -45,26 +53,28 @@ pub struct Tee {
 }
 
 impl Tee {
-    pub fn whole(inner: ProxyBody, target: Target, writer: Writer) -> Tee {
+    pub fn whole(inner: ProxyBody, target: Target, gzip: bool, writer: Writer) -> Tee {
         Tee {
             inner,
             sink: Sink::Whole {
                 parts: Vec::new(),
                 len: 0,
                 target: Some(target),
+                gzip,
             },
             writer,
             finished: false,
         }
     }
 
-    pub fn events(inner: ProxyBody, target: Target, writer: Writer) -> Tee {
+    pub fn events(inner: ProxyBody, target: Target, gzip: bool, writer: Writer) -> Tee {
         Tee {
             inner,
             sink: Sink::Events {
                 carry: BytesMut::new(),
                 target,
                 broken: false,
+                gunzip: gzip.then(|| Box::new(gzip::Decoder::new(MAX_EVENT))),
             },
             writer,
             finished: false,
@@ -73,7 +83,9 @@ impl Tee {
 
     fn data(&mut self, chunk: &Bytes) {
         match &mut self.sink {
-            Sink::Whole { parts, len, target } => {
+            Sink::Whole {
+                parts, len, target, ..
+            } => {
                 if target.is_none() {
                     return;
                 }
@@ -90,11 +102,24 @@ impl Tee {
                 carry,
                 target,
                 broken,
+                gunzip,
             } => {
                 if *broken {
                     return;
                 }
-                carry.extend_from_slice(chunk);
+                match gunzip {
+                    None => carry.extend_from_slice(chunk),
+                    Some(d) => match d.feed(chunk) {
+                        Ok(()) => carry.extend_from_slice(&d.take()),
+                        Err(e) => {
+                            // Not a stream we can read; stop copying, keep forwarding.
+                            tracing::debug!("cache: {} watch: {e}", target.gvr);
+                            *broken = true;
+                            carry.clear();
+                            return;
+                        }
+                    },
+                }
                 loop {
                     let frame = match target.encoding {
                         Encoding::Json => match carry.iter().position(|b| *b == b'\n') {
@@ -138,12 +163,18 @@ impl Tee {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
-        if let Sink::Whole { parts, target, .. } = &mut self.sink
+        if let Sink::Whole {
+            parts,
+            target,
+            gzip,
+            ..
+        } = &mut self.sink
             && let Some(target) = target.take()
         {
             self.writer.send(Op::Whole {
                 target,
                 body: std::mem::take(parts),
+                gzip: *gzip,
             });
         }
     }

@@ -74,6 +74,8 @@ pub enum Op {
     Whole {
         target: Target,
         body: Vec<Bytes>,
+        /// The body is as the cloud sent it, gzipped (Content-Encoding: gzip).
+        gzip: bool,
     },
     Event {
         target: Target,
@@ -113,6 +115,8 @@ pub struct Stats {
     pub replayed: AtomicU64,
     pub replay_dropped: AtomicU64,
     pub last_error: Mutex<Option<String>>,
+    /// When the last "writes queued" line was logged.
+    pub queued_logged: Mutex<Option<Instant>>,
 }
 
 impl Stats {
@@ -151,6 +155,7 @@ impl Writer {
 
 struct Staged {
     target: Target,
+    kind: String,
     rv: u64,
     items: Vec<Item>,
     since: Instant,
@@ -186,6 +191,14 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
         // Taken at the first GET answer; the batch's writes come after all its questions.
         let mut snapshot = None;
         for op in ops {
+            let op = match decoded(op) {
+                Ok(op) => op,
+                Err(e) => {
+                    stats.rejected.fetch_add(1, Ordering::Relaxed);
+                    stats.error(e);
+                    continue;
+                }
+            };
             match op {
                 Op::Flush(done) => flushes.push(done),
                 op if already_held(&store, &mut snapshot, &op) => {
@@ -235,6 +248,26 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
     }
 }
 
+/// A gzipped answer with its body decoded (a larger one than the cache keeps is refused).
+fn decoded(op: Op) -> Result<Op, String> {
+    match op {
+        Op::Whole {
+            target,
+            body,
+            gzip: true,
+        } => {
+            let plain = crate::gzip::decode(&body, super::tee::MAX_CACHED_BODY)
+                .map_err(|e| format!("{} {}: {e}", target.component, target.gvr))?;
+            Ok(Op::Whole {
+                target,
+                body: vec![plain.into()],
+                gzip: false,
+            })
+        }
+        op => Ok(op),
+    }
+}
+
 fn concat(parts: Vec<Bytes>) -> Bytes {
     match parts.len() {
         1 => parts.into_iter().next().unwrap_or_default(),
@@ -248,7 +281,7 @@ fn concat(parts: Vec<Bytes>) -> Bytes {
 /// read snapshot (callgrind, 1500 repeated GETs: a snapshot and a whole-record decode per
 /// answer cost the writer 42M instructions, this 25M, most of it the scan).
 fn already_held(store: &Store, snapshot: &mut Option<Snapshot>, op: &Op) -> bool {
-    let Op::Whole { target, body } = op else {
+    let Op::Whole { target, body, .. } = op else {
         return false;
     };
     if !matches!(target.kind, TargetKind::Object) || target.encoding != Encoding::Json {
@@ -325,7 +358,7 @@ fn prepare(op: Op, staged: &mut HashMap<String, Staged>) -> Result<Vec<Write>, R
                 _ => vec![],
             })
         }
-        Op::Whole { target, body } => {
+        Op::Whole { target, body, .. } => {
             let body = concat(body);
             match &target.kind {
                 TargetKind::Raw { path, content_type } => Ok(vec![Write::Raw {
@@ -355,6 +388,7 @@ fn prepare(op: Op, staged: &mut HashMap<String, Staged>) -> Result<Vec<Write>, R
                     let mut acc = match continue_from {
                         None => Staged {
                             target: target.clone(),
+                            kind: page.kind.clone(),
                             rv: page.rv,
                             items: Vec::new(),
                             since: Instant::now(),
@@ -408,6 +442,7 @@ fn replace_write(acc: Staged) -> Result<Write, String> {
         prune,
         rv: acc.rv,
         items: acc.items,
+        list_kind: acc.kind,
     })
 }
 
@@ -434,6 +469,7 @@ mod tests {
             },
             // Split like a body that arrived in two frames.
             body: vec![body.slice(..10), body.slice(10..)],
+            gzip: false,
         }
     }
 

@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use super::pool::split_gvr;
 use crate::{
     cache::objects::{self, Encoding, Item},
+    gzip::{self, ContentEncoding},
     upstream::cloud::{AsWho, Cloud, ProxyBody},
 };
 
@@ -37,8 +38,9 @@ pub struct GetError {
     pub message: String,
 }
 
-/// A GET of `path_and_query` from the cloud as the node, in JSON; anything but 200 is an
-/// error carrying the status (and the start of the answer).
+/// A GET of `path_and_query` from the cloud as the node, in JSON, its body decoded if the
+/// cloud gzipped it; anything but 200 is an error carrying the status (and the start of
+/// the answer).
 pub async fn get_as_node(
     cloud: &Cloud,
     path_and_query: &str,
@@ -49,6 +51,8 @@ pub async fn get_as_node(
             Request::builder()
                 .uri(server.uri(path_and_query.parse().ok()?))
                 .header(header::ACCEPT, "application/json")
+                // Large lists cross the edge link gzipped, as client-go asks for them.
+                .header(header::ACCEPT_ENCODING, "gzip")
                 .header(header::USER_AGENT, user_agent)
                 .body(bytes::Bytes::new())
                 .ok()
@@ -59,6 +63,15 @@ pub async fn get_as_node(
             message: e.to_string(),
         })?;
     let status = resp.status();
+    let (mut parts, body) = resp.into_parts();
+    let Some(encoding) = ContentEncoding::of(parts.headers.get(header::CONTENT_ENCODING)) else {
+        return Err(GetError {
+            status: Some(status),
+            message: "the cloud answered in a Content-Encoding the hub cannot read".into(),
+        });
+    };
+    parts.headers.remove(header::CONTENT_ENCODING);
+    let resp = hyper::Response::from_parts(parts, gzip::decoded(body, encoding));
     if status == StatusCode::OK {
         return Ok(resp);
     }

@@ -351,8 +351,11 @@ impl Pool {
     }
 
     fn set_error(&self, e: String) {
-        tracing::warn!("coordinator: {e}");
-        self.healthy.store(false, Ordering::SeqCst);
+        if self.healthy.swap(false, Ordering::SeqCst) {
+            tracing::info!("coordinator unreachable: {e}");
+        } else {
+            tracing::warn!("coordinator: {e}");
+        }
         self.status
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -450,7 +453,9 @@ impl Pool {
             s.cluster_id = now_life.1;
             *life = Some(now_life);
         }
-        self.healthy.store(true, Ordering::SeqCst);
+        if !self.healthy.swap(true, Ordering::SeqCst) {
+            tracing::info!("coordinator reachable again");
+        }
         // Nothing changed in the cache since everything was pushed: nothing to read —
         // except now and then, for objects that aged out.
         let generation = cache.generation();

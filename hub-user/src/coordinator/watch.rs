@@ -17,8 +17,8 @@ use crate::{
     cache::{
         objects::{self, Encoding, Item},
         serve::{
-            BOOKMARK_EVERY, CLOUD_CHECK, accepted, api_version, bad_request, event, meta_only,
-            param, selector, watch_response, watch_timeout,
+            BOOKMARK_EVERY, CLOUD_CHECK, accepted, api_version, bad_request, event, held_whole,
+            meta_only, param, selector, watch_response, watch_timeout,
         },
         store::ObjectKey,
     },
@@ -99,15 +99,11 @@ pub async fn serve(
         .iter()
         .filter_map(|(_, v)| parse_stored(&info.resource, v))
         .collect();
-    // The encoding that answers with the most objects (ties: the client's order).
-    let enc = prefs
-        .iter()
-        .copied()
-        .max_by_key(|e| {
-            let n = items.iter().filter(|i| i.encoding == *e).count();
-            (n, std::cmp::Reverse(prefs.iter().position(|p| p == e)))
-        })
-        .unwrap_or(Encoding::Json);
+    // One encoding must carry every selected object, or the watch would miss some.
+    let selected: Vec<&Item> = items.iter().filter(|i| sel.matches_item(i)).collect();
+    let enc = held_whole(&prefs, |e| {
+        selected.iter().filter(|i| i.encoding != e).count()
+    })?;
     let av = api_version(info);
     let kind = items.first().map_or_else(
         || objects::kind_for(&info.resource).to_string(),
@@ -125,7 +121,7 @@ pub async fn serve(
     let bookmarks = param(query, "allowWatchBookmarks") == "true";
     let mut first: Vec<Bytes> = Vec::new();
     for item in items.iter().filter(|i| i.encoding == enc) {
-        if (initial || item.rv > from) && sel.matches(&item.labels, &item.fields) {
+        if (initial || item.rv > from) && sel.matches_item(item) {
             first.push(event(enc, if initial { "ADDED" } else { "MODIFIED" }, item));
         }
     }
@@ -195,10 +191,7 @@ pub async fn serve(
                 let before = ev
                     .prev_kv()
                     .and_then(|kv| parse_stored(&resource_name, kv.value()));
-                let matches = |i: &Option<Item>| {
-                    i.as_ref()
-                        .is_some_and(|i| sel.matches(&i.labels, &i.fields))
-                };
+                let matches = |i: &Option<Item>| i.as_ref().is_some_and(|i| sel.matches_item(i));
                 let (ty, item) = match ev.event_type() {
                     EtcdEvent::Put => match (matches(&before), matches(&now)) {
                         (false, true) => ("ADDED", now),
@@ -223,11 +216,13 @@ pub async fn serve(
                         )
                     }
                 };
+                let Some(item) = item else { continue };
                 // An object stored in another encoding than this stream's cannot be sent
-                // in it; the client's next list shows it left out.
-                let Some(item) = item.filter(|i| i.encoding == enc) else {
-                    continue;
-                };
+                // in it: end the watch rather than let the client miss the change (its
+                // next list says what is held in which encoding).
+                if item.encoding != enc {
+                    return;
+                }
                 newest = newest.max(item.rv);
                 if tx.send(event(enc, ty, &item)).await.is_err() {
                     return;

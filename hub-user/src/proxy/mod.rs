@@ -1,7 +1,7 @@
 //! The L7 proxy: terminates TLS (or plain HTTP on the explicit listener), works out who is
 //! calling, routes each request by the decision table, forwards to the cloud with the
-//! right identity and streams the answer back; requests the caches would serve get a clear
-//! 503 Status until those routes exist.
+//! right identity and streams the answer back, or answers from the pool coordinator or the
+//! local cache; what none can answer truthfully gets a clear 503 Status.
 pub mod coalesce;
 pub mod forward;
 pub mod request;
@@ -286,6 +286,8 @@ impl Proxy {
         });
         let path = req.uri().path().to_string();
         let query = req.uri().query().unwrap_or("").to_string();
+        // The hub's own answers are gzipped by the cloud's rule (the cloud's pass as sent).
+        let accepts_gzip = crate::gzip::accepts_gzip(req.headers().get(header::ACCEPT_ENCODING));
         let accept = req
             .headers()
             .get(header::ACCEPT)
@@ -380,7 +382,11 @@ impl Proxy {
                                 resp.status(),
                                 started,
                             );
-                            return if streaming { self.counted(resp) } else { resp };
+                            return if streaming {
+                                self.counted(resp)
+                            } else {
+                                crate::gzip::for_client(resp, accepts_gzip).await
+                            };
                         }
                         Err(e) => why.push(format!("local-cache: {e}")),
                     }
@@ -445,7 +451,11 @@ impl Proxy {
                                 ),
                                 None => resp,
                             };
-                            return if streaming { self.counted(resp) } else { resp };
+                            return if streaming {
+                                self.counted(resp)
+                            } else {
+                                crate::gzip::for_client(resp, accepts_gzip).await
+                            };
                         }
                         Err(e) => why.push(format!("coordinator: {e}")),
                     }

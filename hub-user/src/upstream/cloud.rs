@@ -43,6 +43,12 @@ impl From<hyper::Error> for BodyError {
     }
 }
 
+impl From<crate::gzip::GzipError> for BodyError {
+    fn from(e: crate::gzip::GzipError) -> Self {
+        BodyError(e.to_string())
+    }
+}
+
 impl From<h2::Error> for BodyError {
     fn from(e: h2::Error) -> Self {
         BodyError(source_chain(&e))
@@ -385,10 +391,15 @@ impl Cloud {
     pub async fn probe_forever(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(PROBE_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // (reachable, since when), for the operator's log line at each change.
+        let mut seen: Option<(bool, std::time::Instant)> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = stop.wait_for(|s| *s) => return,
+            }
+            if self.health_known() {
+                seen = Some(self.log_transition(seen));
             }
             // Over the connections requests use, so a connection that died is noticed.
             let transports = self.current();
@@ -430,6 +441,43 @@ impl Cloud {
             for p in probes {
                 let _ = p.await;
             }
+        }
+    }
+}
+
+impl Cloud {
+    /// Says at INFO when the cloud as a whole becomes unreachable or reachable again (a
+    /// server's fall alone is in `hub status`); returns the state now.
+    fn log_transition(
+        &self,
+        seen: Option<(bool, std::time::Instant)>,
+    ) -> (bool, std::time::Instant) {
+        let now = self.healthy();
+        match seen {
+            Some((was, since)) if was == now => (was, since),
+            Some((_, since)) if now => {
+                tracing::info!(
+                    after_secs = since.elapsed().as_secs(),
+                    "cloud reachable again: requests go to the cloud"
+                );
+                (now, std::time::Instant::now())
+            }
+            _ if !now => {
+                let why: Vec<String> = self
+                    .servers
+                    .iter()
+                    .map(|s| {
+                        let u = &s.url;
+                        format!("{}:{}: {}", u.host, u.port, s.health.last_error())
+                    })
+                    .collect();
+                tracing::info!(
+                    "cloud unreachable ({}): reads are served by the pool and the local cache, node writes are queued",
+                    why.join("; ")
+                );
+                (now, std::time::Instant::now())
+            }
+            _ => (now, std::time::Instant::now()),
         }
     }
 }

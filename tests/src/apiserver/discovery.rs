@@ -47,6 +47,9 @@ const VERBS: [&str; 8] = [
 /// APIResourceList for one group version, or None if unknown.
 pub fn resource_list(group: &str, version: &str) -> Option<Value> {
     let mut list = Vec::new();
+    if group == "authentication.k8s.io" && version == "v1" {
+        list.push(json!({"name": "selfsubjectreviews", "singularName": "selfsubjectreview", "namespaced": false, "kind": "SelfSubjectReview", "verbs": ["create"]}));
+    }
     if group == "authorization.k8s.io" && version == "v1" {
         list.push(json!({"name": "selfsubjectaccessreviews", "singularName": "selfsubjectaccessreview", "namespaced": false, "kind": "SelfSubjectAccessReview", "verbs": ["create"]}));
     }

@@ -346,9 +346,13 @@ async fn route(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::to_string);
-    let user = match &bearer {
-        Some(token) => state.auth.read().unwrap().user_for_token(token),
-        None => cert_user,
+    // kube-apiserver's authenticator chain tries the client certificate before tokens: a
+    // request carrying both is the certificate's user.
+    let bearer = bearer.filter(|_| cert_user.is_none());
+    let user = match (cert_user, &bearer) {
+        (Some(u), _) => Some(u),
+        (None, Some(token)) => state.auth.read().unwrap().user_for_token(token),
+        (None, None) => None,
     };
     if path.starts_with("/_standin/") {
         return control(&state, user.as_ref(), req).await;
@@ -396,12 +400,57 @@ async fn route(
         .query()
         .is_some_and(|q| q.split('&').any(|p| p == "watch=1" || p == "watch=true"));
     let counter = state.traffic.open(&user.name, watching);
+    let accepts_gzip = req
+        .headers()
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|c| c.trim().eq_ignore_ascii_case("gzip"));
     let resp = authenticated(state, user, path, req).await;
+    let resp = if accepts_gzip && !watching {
+        gzip_large(resp).await
+    } else {
+        resp
+    };
     let (parts, body) = resp.into_parts();
     Response::from_parts(
         parts,
         http_body_util::BodyExt::boxed(traffic::Counted::new(body, counter)),
     )
+}
+
+/// kube-apiserver's rule for `Accept-Encoding: gzip`: a whole answer over 128 KiB is sent
+/// gzipped (level 1) with `Vary: Accept-Encoding`; smaller answers and watches are not.
+async fn gzip_large(resp: Response<Body>) -> Response<Body> {
+    use std::io::Write;
+
+    use http_body_util::BodyExt;
+    const THRESHOLD: u64 = 128 * 1024;
+    if hyper::body::Body::size_hint(resp.body())
+        .exact()
+        .is_none_or(|n| n <= THRESHOLD)
+    {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let plain = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(1));
+    gz.write_all(&plain).expect("writing into a Vec");
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_ENCODING,
+        header::HeaderValue::from_static("gzip"),
+    );
+    parts.headers.insert(
+        header::VARY,
+        header::HeaderValue::from_static("Accept-Encoding"),
+    );
+    Response::from_parts(parts, full(gz.finish().expect("gzip into a Vec")))
 }
 
 /// Serves a request whose user is known.
@@ -447,6 +496,19 @@ async fn authenticated(
         }
         (&Method::GET, ["openapi", "v3", gv @ ..]) => discovery::openapi_v3_group(&gv.join("/"))
             .map_or_else(not_found, |d| json_response(StatusCode::OK, &d)),
+        (&Method::POST, ["apis", "authentication.k8s.io", "v1", "selfsubjectreviews"]) => {
+            // `kubectl auth whoami`: who the request was authenticated as.
+            let mut review = json!({
+                "kind": "SelfSubjectReview", "apiVersion": "authentication.k8s.io/v1",
+                "metadata": {"creationTimestamp": time::now_rfc3339()},
+                "status": {"userInfo": {"username": user.name, "groups": user.groups}},
+            });
+            let groups = &mut review["status"]["userInfo"]["groups"];
+            if let Some(g) = groups.as_array_mut() {
+                g.push("system:authenticated".into());
+            }
+            json_response(StatusCode::CREATED, &review)
+        }
         (
             &Method::POST,
             [

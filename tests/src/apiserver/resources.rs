@@ -93,6 +93,9 @@ pub static RESOURCES: &[Resource] = &[
     r("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "clusterrolebinding", "ClusterRoleBinding", false, &[], &[]),
     r("rbac.authorization.k8s.io", "v1", "roles", "role", "Role", true, &[], &[]),
     r("rbac.authorization.k8s.io", "v1", "rolebindings", "rolebinding", "RoleBinding", true, &[], &[]),
+    r("node.k8s.io", "v1", "runtimeclasses", "runtimeclass", "RuntimeClass", false, &[], &[]),
+    r("storage.k8s.io", "v1", "csidrivers", "csidriver", "CSIDriver", false, &[], &[]),
+    r("storage.k8s.io", "v1", "csinodes", "csinode", "CSINode", false, &[], &[]),
     r("example.hub.dev", "v1", "widgets", "widget", "Widget", true, &["wd"], &[]),
 ];
 
@@ -104,6 +107,7 @@ pub fn groups() -> Vec<(&'static str, &'static str)> {
             out.push((r.group, r.version));
         }
     }
+    out.push(("authentication.k8s.io", "v1"));
     out.push(("authorization.k8s.io", "v1"));
     out
 }

@@ -128,6 +128,7 @@ fn supported(kind: &str, field: &str) -> bool {
                 || matches!(field, "reason" | "reportingComponent" | "source" | "type")
         }
         "Secret" => field == "type",
+        "Service" => matches!(field, "spec.clusterIP" | "spec.type"),
         "Node" => field == "spec.unschedulable",
         "Namespace" => field == "status.phase",
         "CertificateSigningRequest" => field == "spec.signerName",
