@@ -86,9 +86,12 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
     } else {
         format!("{group}/{version}")
     };
-    Some(
-        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list}),
-    )
+    let mut list = json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list});
+    if group.is_empty() {
+        // kube-apiserver's /api/v1 alone has no apiVersion.
+        list.as_object_mut().map(|m| m.remove("apiVersion"));
+    }
+    Some(list)
 }
 
 /// The media type of aggregated discovery, as kube-apiserver names it in Content-Type.
@@ -150,7 +153,12 @@ pub fn aggregated(core: bool) -> Value {
                     e
                 })
                 .collect();
-            Some(json!({"metadata": {"name": g}, "versions": [{"version": v, "resources": entries, "freshness": "Current"}]}))
+            // The core group has no name in kube-apiserver's document.
+            let mut metadata = json!({"name": g, "creationTimestamp": null});
+            if g.is_empty() {
+                metadata.as_object_mut().map(|m| m.remove("name"));
+            }
+            Some(json!({"metadata": metadata, "versions": [{"version": v, "resources": entries, "freshness": "Current"}]}))
         })
         .collect();
     json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items})
@@ -171,10 +179,12 @@ pub fn access_review(state: &State, user: &User, body: &Value) -> hyper::Respons
         .unwrap()
         .authorize(user, verb, &resource, ns);
     let mut out = body.clone();
-    out["status"] = json!({"allowed": allowed});
-    if !allowed {
-        out["status"]["reason"] = json!("no rule allows it");
+    // As kube-apiserver answers: metadata set, and a denial without a reason when no RBAC
+    // rule matched (only an explicit deny carries one).
+    if !out["metadata"].is_object() {
+        out["metadata"] = json!({"creationTimestamp": null});
     }
+    out["status"] = json!({"allowed": allowed});
     json_response(StatusCode::CREATED, &out)
 }
 

@@ -40,6 +40,16 @@ pub fn status_error(
     message: &str,
     details: Option<Value>,
 ) -> Response<Body> {
+    json_response(code, &status_value(code, reason, message, details))
+}
+
+/// The Status object of an error.
+pub fn status_value(
+    code: StatusCode,
+    reason: &str,
+    message: &str,
+    details: Option<Value>,
+) -> Value {
     let mut s = json!({
         "kind": "Status",
         "apiVersion": "v1",
@@ -49,10 +59,14 @@ pub fn status_error(
         "reason": reason,
         "code": code.as_u16(),
     });
-    if let Some(d) = details {
+    if let Some(mut d) = details {
+        // kube-apiserver leaves the core group ("") out.
+        if d["group"] == "" {
+            d.as_object_mut().map(|m| m.remove("group"));
+        }
         s["details"] = d;
     }
-    json_response(code, &s)
+    s
 }
 
 fn not_found(r: &Resource, name: &str) -> Response<Body> {
@@ -533,17 +547,26 @@ fn encode_continue(rv: u64, last: &Key) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
 }
 
-fn decode_continue(token: &str) -> Option<(u64, String, String)> {
+/// A token that goes on from `last` at the newest state (resourceVersion -1), as
+/// kube-apiserver hands out with an expired token's 410.
+fn fresh_continue(last: &Key) -> String {
+    use base64::Engine;
+    let raw = json!({"rv": -1, "ns": last.namespace, "name": last.name}).to_string();
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
+}
+
+/// (resourceVersion to list at, None for the newest; namespace; name) of a token.
+fn decode_continue(token: &str) -> Option<(Option<u64>, String, String)> {
     use base64::Engine;
     let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(token)
         .ok()?;
     let v: Value = serde_json::from_slice(&raw).ok()?;
-    Some((
-        v["rv"].as_u64()?,
-        v["ns"].as_str()?.into(),
-        v["name"].as_str()?.into(),
-    ))
+    let rv = match v["rv"].as_i64()? {
+        -1 => None,
+        rv => Some(u64::try_from(rv).ok()?),
+    };
+    Some((rv, v["ns"].as_str()?.into(), v["name"].as_str()?.into()))
 }
 
 pub fn selectors(
@@ -571,7 +594,7 @@ fn list(state: &State, t: &Target, q: &HashMap<String, String>, format: Format) 
     let (at_rv, start) = match q.get("continue").filter(|c| !c.is_empty()) {
         Some(token) => match decode_continue(token) {
             Some((rv, ns, name)) => (
-                Some(rv),
+                rv,
                 Some(Key {
                     resource: t.resource,
                     namespace: ns,
@@ -592,12 +615,17 @@ fn list(state: &State, t: &Target, q: &HashMap<String, String>, format: Format) 
     ) {
         Ok(p) => p,
         Err(StoreError::Gone { .. }) => {
-            return status_error(
+            let mut status = status_value(
                 StatusCode::GONE,
                 "Expired",
                 "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.",
                 None,
             );
+            if let Some(last) = &start {
+                // The Status carries a token that goes on from the same place, now.
+                status["metadata"]["continue"] = json!(fresh_continue(last));
+            }
+            return json_response(StatusCode::GONE, &status);
         }
         Err(e) => return bad_request(&format!("{e:?}")),
     };
@@ -702,7 +730,29 @@ fn check_object(r: &Resource, t: &Target, obj: &mut Value) -> Result<(), Respons
     } else if let Some(m) = obj["metadata"].as_object_mut() {
         m.remove("namespace");
     }
+    defaults(r.kind, obj);
     Ok(())
+}
+
+/// The defaults kube-apiserver fills in on write for the kinds a node writes or reads
+/// (as recorded: a Secret's type, an Event's timestamps and reporting fields).
+fn defaults(kind: &str, obj: &mut Value) {
+    let Some(m) = obj.as_object_mut() else { return };
+    let mut default = |k: &str, v: Value| {
+        m.entry(k.to_string()).or_insert(v);
+    };
+    match kind {
+        "Secret" => default("type", json!("Opaque")),
+        "Event" => {
+            for k in ["firstTimestamp", "lastTimestamp", "eventTime"] {
+                default(k, Value::Null);
+            }
+            for k in ["reportingComponent", "reportingInstance"] {
+                default(k, json!(""));
+            }
+        }
+        _ => {}
+    }
 }
 
 fn namespace_exists(state: &State, t: &Target) -> Result<(), Response<Body>> {

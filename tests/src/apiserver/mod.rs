@@ -407,7 +407,13 @@ async fn route(
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|c| c.trim().eq_ignore_ascii_case("gzip"));
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
     let resp = authenticated(state, user, path, req).await;
+    let resp = in_protobuf_if_asked(resp, accept.as_deref()).await;
     let resp = if accepts_gzip && !watching {
         gzip_large(resp).await
     } else {
@@ -418,6 +424,47 @@ async fn route(
         parts,
         http_body_util::BodyExt::boxed(traffic::Counted::new(body, counter)),
     )
+}
+
+/// kube-apiserver answers in the encoding the client asked for first: a Status error, and
+/// an object a write returns (a PATCH of node status), too — not only reads.
+async fn in_protobuf_if_asked(resp: Response<Body>, accept: Option<&str>) -> Response<Body> {
+    use http_body_util::BodyExt;
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|c| c == "application/json");
+    let protobuf_first = accept.is_some_and(|a| {
+        a.split(',')
+            .next()
+            .is_some_and(|m| m.trim() == protobuf::CONTENT_TYPE)
+    });
+    if !json || !protobuf_first {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return Response::from_parts(parts, full(bytes));
+    };
+    let kind = v["kind"].as_str().unwrap_or_default();
+    let encoded = match kind {
+        "Status" => protobuf::status(&v),
+        k if protobuf::supported(k) => {
+            protobuf::object(v["apiVersion"].as_str().unwrap_or("v1"), k, &v)
+        }
+        _ => return Response::from_parts(parts, full(bytes)),
+    };
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(protobuf::CONTENT_TYPE),
+    );
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, full(encoded))
 }
 
 /// kube-apiserver's rule for `Accept-Encoding: gzip`: a whole answer over 128 KiB is sent

@@ -23,7 +23,8 @@ use k8s_pb::{
     apimachinery::pkg::{
         api::resource::Quantity,
         apis::meta::v1::{
-            ListMeta, MicroTime, ObjectMeta, OwnerReference, Status, Time, WatchEvent,
+            ListMeta, MicroTime, ObjectMeta, OwnerReference, Status, StatusCause, StatusDetails,
+            Time, WatchEvent,
         },
         runtime::{RawExtension, TypeMeta, Unknown},
         util::intstr::IntOrString,
@@ -848,6 +849,32 @@ fn event_frame(event_type: &str, object: Vec<u8>) -> Vec<u8> {
     };
     let body = event.encode_to_vec();
     [(body.len() as u32).to_be_bytes().to_vec(), body].concat()
+}
+
+/// A Status error in its JSON form, as kube-apiserver sends it to a protobuf client.
+pub fn status(v: &Value) -> Vec<u8> {
+    let d = &v["details"];
+    let details = d.is_object().then(|| StatusDetails {
+        name: s(&d["name"]),
+        group: s(&d["group"]),
+        kind: s(&d["kind"]),
+        uid: s(&d["uid"]),
+        causes: list_of(&d["causes"], |c| StatusCause {
+            reason: s(&c["reason"]),
+            message: s(&c["message"]),
+            field: s(&c["field"]),
+        }),
+        retry_after_seconds: int(&d["retryAfterSeconds"]),
+    });
+    let status = Status {
+        metadata: Some(ListMeta::default()),
+        status: s(&v["status"]),
+        message: s(&v["message"]),
+        reason: s(&v["reason"]),
+        details,
+        code: int(&v["code"]),
+    };
+    envelope("v1", "Status", status.encode_to_vec())
 }
 
 /// A watch frame carrying a Status (the ERROR event, e.g. 410 Gone).

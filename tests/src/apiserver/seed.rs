@@ -8,7 +8,9 @@ use super::{
     time,
 };
 
-fn put(store: &Store, resource: &str, group: &str, ns: &str, mut obj: Value) {
+/// Stores `obj` as a `resource` of `group` in `ns`, with kind, apiVersion, uid and
+/// creationTimestamp filled in.
+pub fn put(store: &Store, resource: &str, group: &str, ns: &str, mut obj: Value) {
     let id = resources::find(group, "v1", resource).expect("known resource");
     let r = resources::get(id);
     obj["apiVersion"] = json!(r.api_version());
