@@ -11,6 +11,7 @@ pub mod ports;
 pub mod privileged;
 pub mod probe;
 pub mod process;
+pub mod scenario;
 
 use std::{
     path::PathBuf,

@@ -4,149 +4,21 @@
 //! across hub restarts and kill -9, per credential, with any selector.
 use std::{
     collections::BTreeSet,
-    net::SocketAddr,
     path::{Path, PathBuf},
     process::Command,
-    sync::Arc,
     time::{Duration, Instant},
 };
 
 use hub_tests::{
-    TempDir,
-    apiserver::{
-        ADMIN_TOKEN, Credentials, Options, StandIn,
-        client::Client,
-        resources, seed,
-        store::Key,
-        tls::{HubPki, TestCa},
-        write_kubeconfig,
-    },
-    hub::{HubProc, LOOPBACK_NODE, LoopbackHub},
-    hub_bin, kubectl, kubectl_ok,
-    ports::free_port,
-    privileged, wait_for,
+    apiserver::{ADMIN_TOKEN, StandIn, client::Client, resources, seed, store::Key},
+    hub::LOOPBACK_NODE,
+    kubectl, kubectl_ok, privileged,
+    scenario::{OTHER_TOKEN, Setup},
+    wait_for,
 };
 use serde_json::Value;
 
-/// A second credential the cloud allows everything, which never reads the secret online.
-const OTHER_TOKEN: &str = "other-admin-token";
 const PROTOBUF: &str = "application/vnd.kubernetes.protobuf, application/json";
-
-struct Setup {
-    cloud: StandIn,
-    pki: HubPki,
-    ca: Arc<TestCa>,
-    tls: u16,
-    admin: String,
-    components: String,
-    /// Survives hub restarts: the cache lives here.
-    state: PathBuf,
-    dir: TempDir,
-}
-
-impl Setup {
-    fn new(components: &[&str]) -> Setup {
-        let ca = Arc::new(TestCa::new("cloud-ca"));
-        let cloud = StandIn::start_with_ca(
-            "127.0.0.1:0".parse().unwrap(),
-            Options::default(),
-            ca.clone(),
-        )
-        .unwrap();
-        {
-            let mut auth = cloud.state.auth.write().unwrap();
-            auth.add_test_identities();
-            auth.add_token(OTHER_TOKEN, "other-admin", &["system:masters"]);
-        }
-        let dir = TempDir::new("cache");
-        let pki = ca.write_hub_pki(dir.path(), LOOPBACK_NODE, &[]).unwrap();
-        let state = dir.path().join("state");
-        Setup {
-            cloud,
-            pki,
-            ca,
-            tls: free_port(),
-            admin: format!("127.0.0.1:{}", free_port()),
-            components: components.join(", "),
-            state,
-            dir,
-        }
-    }
-
-    fn start_hub(&self) -> HubProc {
-        let config = LoopbackHub {
-            servers: vec![self.cloud.url()],
-            ca: Some(&self.pki.ca),
-            node: Some(&self.pki.node),
-            serving: Some((&self.pki.serving.0, &self.pki.serving.1)),
-            client_ca: Some(&self.pki.ca),
-            plain: free_port(),
-            tls: Some(self.tls),
-            admin: self.admin.clone(),
-            extra: format!("  components: [{}]\n", self.components),
-        };
-        HubProc::start_yaml(None, &self.admin, None, |_, _| config.yaml(&self.state))
-    }
-
-    fn hub_addr(&self) -> SocketAddr {
-        format!("127.0.0.1:{}", self.tls).parse().unwrap()
-    }
-
-    fn kubeconfig(&self, name: &str, token: &str) -> PathBuf {
-        let p = self.dir.path().join(name);
-        write_kubeconfig(
-            &p,
-            &format!("https://127.0.0.1:{}", self.tls),
-            &self.ca.cert_pem(),
-            Credentials::Token(token),
-        )
-        .unwrap();
-        p
-    }
-
-    /// A kubelet-style client: the node's client certificate, kubelet's User-Agent.
-    fn kubelet(&self) -> Client {
-        Client::new(
-            self.hub_addr(),
-            self.ca.cert_der(),
-            None,
-            Some(&self.pki.kubelet),
-        )
-    }
-
-    /// `hub cache ls` through the real CLI (admin port while the hub runs, the file when
-    /// it does not).
-    fn cache_ls(&self, component: &str) -> Vec<Value> {
-        let out = Command::new(hub_bin())
-            .args(["cache", "ls", "--output", "json", "--component", component])
-            .arg("--dir")
-            .arg(&self.state)
-            .args(["--admin", &self.admin])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "hub cache ls: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    fn wait_cached(&self, component: &str, what: &str, check: impl Fn(&[Value]) -> bool) {
-        wait_for(what, Duration::from_secs(20), || {
-            check(&self.cache_ls(component)).then_some(())
-        });
-    }
-
-    fn cloud_down(&self, hub: &HubProc) {
-        self.cloud.stop_listening();
-        wait_for(
-            "the hub to see the cloud down",
-            Duration::from_secs(5),
-            || (hub.status()["cloud"][0]["healthy"] == false).then_some(()),
-        );
-    }
-}
 
 fn names(list_json: &str) -> BTreeSet<String> {
     let v: Value = serde_json::from_str(list_json).expect("list JSON");

@@ -6,9 +6,12 @@
 //! HTTP/1.1 client by the caller.
 use std::{
     pin::Pin,
-    sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
     task::{Context, Poll, ready},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
@@ -67,10 +70,14 @@ impl From<ChannelError> for Unready {
     }
 }
 
+/// Asks the connection for a PING now; answered with its round trip when the PONG came.
+type PingAsk = tokio::sync::oneshot::Sender<Duration>;
+
 #[derive(Clone)]
 struct Slot {
     sender: SendRequest<Bytes>,
     generation: u64,
+    pinger: tokio::sync::mpsc::UnboundedSender<PingAsk>,
 }
 
 pub struct Channel {
@@ -95,6 +102,15 @@ impl Channel {
     /// The server answered ALPN without h2 (or is plain http://).
     pub fn http1_only(&self) -> bool {
         self.http1_only.load(Ordering::Relaxed)
+    }
+
+    /// A PING on the live connection: its round trip, or None when there is no live
+    /// connection or no PONG within `within`.
+    pub async fn ping(&self, within: Duration) -> Option<Duration> {
+        let pinger = self.slot.lock().await.as_ref()?.pinger.clone();
+        let (ask, answer) = tokio::sync::oneshot::channel();
+        pinger.send(ask).ok()?;
+        tokio::time::timeout(within, answer).await.ok()?.ok()
     }
 
     /// Sends `req` to `server` and returns its answer once the headers arrive; the body
@@ -152,28 +168,25 @@ impl Channel {
         let current = self.slot.lock().await.clone();
         if let Some(slot) = current {
             match slot.sender.ready().await {
-                Ok(sender) => {
-                    return Ok(Slot {
-                        sender,
-                        generation: slot.generation,
-                    });
-                }
+                Ok(sender) => return Ok(Slot { sender, ..slot }),
                 Err(_) => self.forget(slot.generation).await,
             }
         }
         let mut guard = self.slot.lock().await;
         // Requests that found no connection wait here for one to be made, not one each.
         if guard.is_none() {
+            let (sender, pinger) = self.connect(server).await?;
             *guard = Some(Slot {
-                sender: self.connect(server).await?,
+                sender,
                 generation: self.generations.fetch_add(1, Ordering::Relaxed),
+                pinger,
             });
         }
         let slot = guard.clone().expect("just filled");
         drop(guard);
         let generation = slot.generation;
-        match slot.sender.ready().await {
-            Ok(sender) => Ok(Slot { sender, generation }),
+        match slot.sender.clone().ready().await {
+            Ok(sender) => Ok(Slot { sender, ..slot }),
             Err(e) => {
                 self.forget(generation).await;
                 Err(ChannelError::Refused(e.to_string()).into())
@@ -189,7 +202,16 @@ impl Channel {
         }
     }
 
-    async fn connect(&self, server: &Server) -> Result<SendRequest<Bytes>, Unready> {
+    async fn connect(
+        &self,
+        server: &Server,
+    ) -> Result<
+        (
+            SendRequest<Bytes>,
+            tokio::sync::mpsc::UnboundedSender<PingAsk>,
+        ),
+        Unready,
+    > {
         // Without TLS there is no ALPN, and HTTP/2 is never offered: no need to connect.
         let conn = match server.url.scheme.as_str() {
             "https" => Some(
@@ -210,21 +232,34 @@ impl Channel {
             .max_header_list_size(MAX_HEADER_LIST)
             .max_send_buffer_size(MAX_SEND_BUFFER)
             .enable_push(false)
-            .handshake::<_, Bytes>(tls)
+            .handshake::<_, Bytes>(Heard {
+                inner: tls,
+                stamp: server.health.heard_handle(),
+            })
             .await
             .map_err(|e| ChannelError::Connect(format!("HTTP/2 handshake: {e}")))?;
         let authority = server.url.authority();
         let mut ping = connection.ping_pong().expect("the first call");
+        let (pinger, mut asks) = tokio::sync::mpsc::unbounded_channel::<PingAsk>();
         tokio::spawn(async move {
+            // PINGs every KEEPALIVE_EVERY, and whenever the health probe asks for one; a
+            // PING unanswered for KEEPALIVE_TIMEOUT ends the connection.
             let keepalive = async {
                 loop {
-                    tokio::time::sleep(KEEPALIVE_EVERY).await;
+                    let asked = tokio::select! {
+                        () = tokio::time::sleep(KEEPALIVE_EVERY) => None,
+                        ask = asks.recv() => ask,
+                    };
+                    let sent = Instant::now();
                     let pong = ping.ping(h2::Ping::opaque());
                     if !matches!(
                         tokio::time::timeout(KEEPALIVE_TIMEOUT, pong).await,
                         Ok(Ok(_))
                     ) {
                         return;
+                    }
+                    if let Some(ask) = asked {
+                        let _ = ask.send(sent.elapsed());
                     }
                 }
             };
@@ -241,7 +276,60 @@ impl Channel {
                 ),
             }
         });
-        Ok(sender)
+        Ok((sender, pinger))
+    }
+}
+
+/// The connection's byte stream, stamping its server's health with the time of every
+/// read: bytes arriving (an answer, a watch event) are proof of life however slow the
+/// answers are.
+struct Heard<T> {
+    inner: T,
+    stamp: Arc<AtomicU64>,
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Heard<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.stamp.store(super::health::now_ms(), Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Heard<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 }
 

@@ -55,9 +55,12 @@ impl From<h2::Error> for BodyError {
     }
 }
 
-/// How often each server is probed; with two failures needed, an outage is seen in ~1 s.
+/// How often each server is probed; with two failures needed (each a probe that waits
+/// at most 600 ms, see `health`), a frozen or dead server is seen within a second.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(400);
-const PROBE_TIMEOUT: Duration = Duration::from_millis(800);
+/// How long a request already waiting on a server marked unhealthy gives its connection
+/// to answer a PING before it goes to the next route.
+const IN_FLIGHT_PATIENCE: Duration = Duration::from_secs(1);
 /// How long the cloud gets to send response headers (watches send them at once).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -303,15 +306,24 @@ impl Cloud {
                 break;
             };
             at += 1;
-            // Waiting for headers ends early if the server is found dead meanwhile (by the
-            // probe or other requests): the client then gets the next route at once instead
-            // of a 60 s hang.
+            // Waiting for headers ends early if the server is found silent meanwhile: the
+            // client then gets the next route instead of a 60 s hang. Marked unhealthy is
+            // not enough — a server busy building a large answer can miss two probes — so
+            // the connection itself must then fail a PING too.
             let was_healthy = server.health.is_healthy();
+            let channel = &transport.channels[server.index];
             let abandoned = async {
-                if was_healthy {
-                    server.health.unhealthy().await
-                } else {
-                    std::future::pending().await
+                if !was_healthy {
+                    return std::future::pending().await;
+                }
+                loop {
+                    server.health.unhealthy().await;
+                    let alive = channel.ping(IN_FLIGHT_PATIENCE).await.is_some()
+                        || server.health.heard_within(IN_FLIGHT_PATIENCE);
+                    if !alive {
+                        return;
+                    }
+                    tokio::time::sleep(PROBE_INTERVAL).await;
                 }
             };
             let answer = tokio::select! {
@@ -339,7 +351,7 @@ impl Cloud {
                     at -= 1;
                 }
                 Ok(Err(ChannelError::Connect(e))) => {
-                    server.health.failure(&format!("connect: {e}"));
+                    server.health.unreachable(&format!("connect: {e}"));
                     last = format!("{}: {e}", server.url.authority());
                 }
                 Ok(Err(e)) => {
@@ -376,7 +388,7 @@ impl Cloud {
                     return Ok((c, server));
                 }
                 Err(e) => {
-                    server.health.failure(&format!("connect: {e}"));
+                    server.health.unreachable(&format!("connect: {e}"));
                     last = format!("{}: {e}", server.url.authority());
                 }
             }
@@ -425,14 +437,34 @@ impl Cloud {
                                 answered => answered,
                             }
                         };
-                        match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+                        // A PING beside /readyz: a loaded server answers it at once, a frozen
+                        // or cut-off one does not.
+                        let wait = s.health.probe_wait();
+                        let (answer, pong) = tokio::join!(
+                            tokio::time::timeout(wait, probe),
+                            transport.channels[s.index].ping(wait)
+                        );
+                        if let Some(rtt) = pong {
+                            s.health.pinged(rtt);
+                        }
+                        match answer {
                             Ok(Ok(resp)) if resp.status().is_server_error() => s
                                 .health
                                 .soft_failure(&format!("/readyz answered {}", resp.status())),
                             // Any other answer (even 401/403) means the server is up and serving.
                             Ok(Ok(_)) => s.health.success(),
+                            Ok(Err(ChannelError::Connect(e))) => {
+                                s.health.unreachable(&format!("/readyz: connect: {e}"))
+                            }
                             Ok(Err(e)) => s.health.failure(&format!("/readyz: {e}")),
-                            Err(_) => s.health.failure("/readyz timed out"),
+                            // Slow, not down: it answered the PING, or is sending bytes.
+                            Err(_) if pong.is_some() || s.health.heard_within(wait) => {
+                                s.health.success()
+                            }
+                            Err(_) => s.health.failure(&format!(
+                                "silent: no answer to /readyz or a PING, and no byte, within {} ms",
+                                wait.as_millis()
+                            )),
                         }
                     })
                 })

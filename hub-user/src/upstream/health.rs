@@ -1,11 +1,18 @@
 //! Health of one upstream server, from active probes and from real traffic, with
-//! hysteresis: a couple of consecutive failures make it unhealthy (about a second with the
-//! probe interval), a couple of consecutive successes make it healthy again. A server that
-//! answers is never marked unhealthy for being slow (OpenYurt #1462): only transport
-//! failures, timeouts and repeated 5xx count.
-use std::sync::{
-    Mutex,
-    atomic::{AtomicBool, AtomicU32, Ordering},
+//! hysteresis: a couple of consecutive failures make it unhealthy (well under a second
+//! with the probe interval), a couple of consecutive successes make it healthy again.
+//!
+//! Slow is not down (OpenYurt #1462): a probe that gets no answer in time counts as a
+//! failure only when the server is *silent* — no byte arrived from it in that time (an
+//! answer, a watch event) and its HTTP/2 layer did not answer a PING, which a busy
+//! kube-apiserver still does at once. A frozen or dead server is silent; a loaded one is
+//! not. Transport failures and repeated 5xx count too.
+use std::{
+    sync::{
+        Arc, Mutex, OnceLock,
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
 };
 
 /// Hard failures (connect refused/reset, timeout) in a row before unhealthy.
@@ -14,6 +21,18 @@ pub const FAILS_TO_UNHEALTHY: u32 = 2;
 pub const SOFT_FAILS_TO_UNHEALTHY: u32 = 5;
 /// Successes in a row before healthy again.
 pub const OKS_TO_HEALTHY: u32 = 2;
+/// Bounds of the time a probe waits for a sign of life: a few times the PING round trip
+/// measured on this server's connection, but never less than this (a loaded node's
+/// scheduler delays the answer too)…
+const PROBE_WAIT_MIN: Duration = Duration::from_millis(300);
+/// …nor more than this, so a frozen server is found within a second (two probes).
+const PROBE_WAIT_MAX: Duration = Duration::from_millis(600);
+
+/// Milliseconds since the first call: a clock cheap enough to stamp every read with.
+pub fn now_ms() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
 
 #[derive(Debug)]
 pub struct Health {
@@ -27,6 +46,10 @@ pub struct Health {
     last_error: Mutex<String>,
     /// Wakes requests waiting on this server when it turns unhealthy.
     went_down: tokio::sync::Notify,
+    /// When a byte last arrived from the server ([`now_ms`]), on any connection to it.
+    heard: Arc<AtomicU64>,
+    /// Smoothed PING round trip on its connection, in microseconds (0: none yet).
+    rtt_us: AtomicU64,
 }
 
 impl Default for Health {
@@ -41,6 +64,8 @@ impl Default for Health {
             transitions: AtomicU32::new(0),
             last_error: Mutex::new(String::new()),
             went_down: tokio::sync::Notify::new(),
+            heard: Arc::new(AtomicU64::new(0)),
+            rtt_us: AtomicU64::new(0),
         }
     }
 }
@@ -84,6 +109,36 @@ impl Health {
         }
     }
 
+    /// The stamp a connection to this server sets on every read.
+    pub fn heard_handle(&self) -> Arc<AtomicU64> {
+        self.heard.clone()
+    }
+
+    /// Whether a byte arrived from the server within the last `window`.
+    pub fn heard_within(&self, window: Duration) -> bool {
+        let at = self.heard.load(Ordering::Relaxed);
+        at > 0 && now_ms().saturating_sub(at) <= window.as_millis() as u64
+    }
+
+    /// A PING answered after `rtt`.
+    pub fn pinged(&self, rtt: Duration) {
+        let sample = rtt.as_micros() as u64;
+        let old = self.rtt_us.load(Ordering::Relaxed);
+        let smooth = if old == 0 {
+            sample
+        } else {
+            (old * 7 + sample) / 8
+        };
+        self.rtt_us.store(smooth.max(1), Ordering::Relaxed);
+    }
+
+    /// How long a probe waits for the server's answer or a sign of life: four smoothed
+    /// PING round trips, within bounds.
+    pub fn probe_wait(&self) -> Duration {
+        let rtt = Duration::from_micros(self.rtt_us.load(Ordering::Relaxed));
+        (rtt * 4).clamp(PROBE_WAIT_MIN, PROBE_WAIT_MAX)
+    }
+
     pub fn success(&self) {
         self.known.store(true, Ordering::SeqCst);
         self.fails.store(0, Ordering::SeqCst);
@@ -102,6 +157,16 @@ impl Health {
         if self.fails.fetch_add(1, Ordering::SeqCst) + 1 >= FAILS_TO_UNHEALTHY {
             self.set(false);
         }
+    }
+
+    /// A connection refused or reset before anything was sent: nothing there serves, so
+    /// no second opinion is needed (a killed server is seen at once).
+    pub fn unreachable(&self, why: &str) {
+        self.known.store(true, Ordering::SeqCst);
+        self.oks.store(0, Ordering::SeqCst);
+        *self.last_error.lock().unwrap() = why.to_string();
+        self.fails.store(FAILS_TO_UNHEALTHY, Ordering::SeqCst);
+        self.set(false);
     }
 
     /// A 5xx answer: the server is up but not serving.
@@ -140,6 +205,27 @@ mod tests {
         h.soft_failure("503");
         assert!(!h.is_healthy());
         assert_eq!(h.transitions(), 3);
+    }
+
+    #[test]
+    fn the_probe_wait_follows_the_round_trip_within_bounds() {
+        let h = Health::default();
+        assert_eq!(h.probe_wait(), PROBE_WAIT_MIN, "nothing measured yet");
+        for _ in 0..50 {
+            h.pinged(Duration::from_millis(120));
+        }
+        let w = h.probe_wait();
+        assert!(
+            w > Duration::from_millis(450) && w <= PROBE_WAIT_MAX,
+            "{w:?}"
+        );
+        for _ in 0..50 {
+            h.pinged(Duration::from_secs(2));
+        }
+        assert_eq!(h.probe_wait(), PROBE_WAIT_MAX);
+        assert!(!h.heard_within(Duration::from_secs(1)), "never heard");
+        h.heard_handle().store(now_ms(), Ordering::Relaxed);
+        assert!(h.heard_within(Duration::from_millis(100)));
     }
 
     #[test]
