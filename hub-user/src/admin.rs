@@ -188,6 +188,18 @@ pub fn render(s: &StatusReport) -> String {
         "interception: {intercept} (eBPF object {})",
         s.ebpf_object
     );
+    if let Some(b) = &s.bypass {
+        let now = match (b.now, &b.error) {
+            (Some(n), _) => n.to_string(),
+            (None, Some(e)) => format!("unknown ({e})"),
+            (None, None) => "unknown".into(),
+        };
+        let _ = writeln!(
+            out,
+            "bypassing:    {now} connections to VIPs not through the hub ({} ended at start)",
+            b.ended_at_start
+        );
+    }
     let _ = writeln!(out, "data path:    {:?}", s.data_path);
     for v in &s.vips {
         let _ = writeln!(out, "  vip {} -> {}", v.vip, v.listener);

@@ -384,6 +384,29 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
         }
         icpt.set_enabled(true)?;
         state.set_intercept(InterceptState::Attached);
+        // Clients that connected while the hub was not running still hold connections
+        // straight to the apiserver: end them, so they connect again through the hub.
+        let (cgroup, mark) = (&config.intercept.cgroup_path, config.intercept.bypass_mark);
+        let ended = match intercept::bypass::end(&vips, cgroup, mark) {
+            Ok(0) => 0,
+            Ok(n) => {
+                tracing::info!(
+                    connections = n,
+                    "ended connections to the apiserver that bypassed the hub; their clients reconnect through it"
+                );
+                n as u64
+            }
+            Err(e) => {
+                tracing::warn!("cannot end connections that bypass the hub: {e}");
+                0
+            }
+        };
+        state.watch_bypass(crate::state::BypassWatch {
+            vips: vips.clone(),
+            cgroup: cgroup.clone(),
+            mark,
+            ended_at_start: ended,
+        });
     }
 
     if let Some(acceptor) = &tls {

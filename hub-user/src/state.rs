@@ -98,6 +98,29 @@ pub struct StatusReport {
     /// None without a pool coordinator.
     #[serde(default)]
     pub coordinator: Option<PoolStatus>,
+    /// Connections to the VIPs that do not go through the hub; None when not
+    /// intercepting.
+    #[serde(default)]
+    pub bypass: Option<BypassStatus>,
+}
+
+/// Connections to VIPs that bypass the hub (opened while it was not running).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BypassStatus {
+    /// Ended when interception started, so their clients connected again through the hub.
+    pub ended_at_start: u64,
+    /// Found now; None when they cannot be counted (the error says why).
+    pub now: Option<u64>,
+    pub error: Option<String>,
+}
+
+/// What the hub needs to find bypassing connections again.
+#[derive(Debug, Clone)]
+pub struct BypassWatch {
+    pub vips: Vec<SocketAddr>,
+    pub cgroup: std::path::PathBuf,
+    pub mark: u32,
+    pub ended_at_start: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -125,6 +148,7 @@ pub struct HubState {
     bytes_to_cloud: AtomicU64,
     bytes_from_cloud: AtomicU64,
     recent: Mutex<VecDeque<ConnRecord>>,
+    bypass: OnceLock<BypassWatch>,
 }
 
 /// Decrements the active count when a connection ends, however it ends.
@@ -157,6 +181,7 @@ impl HubState {
             bytes_to_cloud: AtomicU64::new(0),
             bytes_from_cloud: AtomicU64::new(0),
             recent: Mutex::new(VecDeque::with_capacity(RECENT)),
+            bypass: OnceLock::new(),
         }
     }
 
@@ -262,6 +287,24 @@ impl HubState {
         self.active.load(Ordering::Relaxed)
     }
 
+    /// Lets status count the connections that bypass the hub.
+    pub fn watch_bypass(&self, w: BypassWatch) {
+        let _ = self.bypass.set(w);
+    }
+
+    fn bypass_status(&self) -> Option<BypassStatus> {
+        let w = self.bypass.get()?;
+        let (now, error) = match crate::intercept::bypass::count(&w.vips, &w.cgroup, w.mark) {
+            Ok(n) => (Some(n as u64), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        Some(BypassStatus {
+            ended_at_start: w.ended_at_start,
+            now,
+            error,
+        })
+    }
+
     pub fn report(&self) -> StatusReport {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         StatusReport {
@@ -290,6 +333,7 @@ impl HubState {
             recent: self.recent.lock().unwrap().iter().cloned().collect(),
             cache: self.cache().map(|c| c.status()),
             coordinator: self.pool.get().map(|p| p.status()),
+            bypass: self.bypass_status(),
         }
     }
 }

@@ -206,6 +206,68 @@ fn kill_9_fails_open_within_a_second() {
     assert!(!hub.pin_path.exists());
 }
 
+/// A client that opened its keep-alive connection while the hub was not running reaches
+/// the apiserver directly (interception fails open). When the hub starts it ends that
+/// connection, and the client's next request goes through the hub.
+#[test]
+fn a_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts() {
+    use std::io::{BufRead, BufReader, Write};
+    if !privileged::check(
+        "a_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts",
+    ) {
+        return;
+    }
+    let ns = Netns::new("k");
+    let cg = Cgroup::new("k");
+    let _up = upstream(&ns, &[UPSTREAM]);
+    let mut cmd = ns.command(hub_tests::probe_bin());
+    cmd.args(["hold", "--to", UPSTREAM, "--cgroup"])
+        .arg(cg.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    /// The client, ended on every exit path.
+    struct Client(std::process::Child);
+    impl Drop for Client {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut client = Client(cmd.spawn().expect("hub-probe hold"));
+    let mut out = BufReader::new(client.0.stdout.take().unwrap());
+    let mut next = || -> Value {
+        let mut line = String::new();
+        out.read_line(&mut line).expect("hub-probe output");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    };
+    let held = next();
+    assert_eq!(held["direct"], true, "no hub yet: {held}");
+
+    let hub = HubProc::start(&ns, &spec(&cg, &[UPSTREAM]), None);
+    let status = hub.status();
+    assert_eq!(
+        status["bypass"]["ended_at_start"], 1,
+        "{}",
+        status["bypass"]
+    );
+    assert_eq!(status["bypass"]["now"], 0, "{}", status["bypass"]);
+    let stdin = client.0.stdin.as_mut().unwrap();
+    writeln!(stdin, "next").unwrap();
+    stdin.flush().unwrap();
+    let after = next();
+    assert_eq!(after["reconnected"], true, "{after}");
+    assert_eq!(
+        after["direct"], false,
+        "the next request goes through the hub: {after}"
+    );
+    assert!(
+        after["echo"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("echo:keepalive-0")),
+        "{after}"
+    );
+}
+
 /// f: a client in a separate "pod" namespace, joined to the node by a veth, reaches the
 /// hub on the hub address 169.254.2.1, not 127.0.0.1. The test does not assign that
 /// address: the hub makes it local itself (hub0, or `lo:hub` where the kernel has no dummy

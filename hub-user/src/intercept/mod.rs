@@ -5,6 +5,7 @@
 //! Links are never pinned: if the hub dies, the kernel drops them and clients go straight
 //! to the cloud again (fail open). Maps are pinned under `intercept.pinPath` so `bpftool`
 //! and `hub bpf status` can read them; stale pins are removed at start and on shutdown.
+pub mod bypass;
 pub mod discover;
 pub mod netdev;
 pub mod origin;

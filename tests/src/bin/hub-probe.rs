@@ -9,6 +9,11 @@
 //!       {"pid", "ok", "failed", "direct", "via_hub", "errors"} where "direct" means the
 //!       socket ended up connected to ADDR itself and "via_hub" that a connect hook sent
 //!       it elsewhere (the kernel reports the rewritten peer) and the echo still came back.
+//!   hub-probe hold --to ADDR [--cgroup DIR]
+//!       Joins DIR first (if given), connects and prints {"held", "direct"}; then, at each
+//!       line on stdin, sends a line on the held connection as a keep-alive client would —
+//!       connecting again once if the connection was ended meanwhile — and prints
+//!       {"reconnected", "direct", "echo"}.
 //!   hub-probe bench --via ADDR --direct ADDR [--rounds N] [--cgroup DIR]
 //!       Interleaved timing of connect() and connect()+first reply byte to both targets;
 //!       prints one JSON line with percentiles in microseconds.
@@ -28,6 +33,7 @@ fn main() {
         Some("serve") => serve(&args[1..]),
         Some("connect") => connect(&args[1..]),
         Some("bench") => bench(&args[1..]),
+        Some("hold") => hold(&args[1..]),
         _ => Err("usage: hub-probe serve|connect ...".to_string()),
     };
     if let Err(e) = result {
@@ -123,6 +129,53 @@ fn one(to: SocketAddr, i: usize) -> Result<Outcome, String> {
     } else {
         Outcome::ViaHub
     })
+}
+
+/// A line sent on `conn` and the echo read back.
+fn exchange(conn: &TcpStream, line: &str) -> Result<String, String> {
+    (&*conn)
+        .write_all(format!("{line}\n").as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut reply = String::new();
+    let n = BufReader::new(conn)
+        .read_line(&mut reply)
+        .map_err(|e| e.to_string())?;
+    if n == 0 {
+        return Err("the connection was closed".into());
+    }
+    Ok(reply.trim_end().to_string())
+}
+
+fn hold(args: &[String]) -> Result<(), String> {
+    let to: SocketAddr = value(args, "--to", "0.0.0.0:0".parse().unwrap())?;
+    join_cgroup(args)?;
+    let direct = |c: &TcpStream| c.peer_addr().is_ok_and(|p| canonical(p) == canonical(to));
+    let mut conn =
+        TcpStream::connect_timeout(&to, Duration::from_secs(3)).map_err(|e| e.to_string())?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    println!(
+        "{}",
+        serde_json::json!({"held": true, "direct": direct(&conn)})
+    );
+    std::io::stdout().flush().ok();
+    for (i, _) in std::io::stdin().lines().enumerate() {
+        let line = format!("keepalive-{i}");
+        let (echo, reconnected) = match exchange(&conn, &line) {
+            Ok(echo) => (echo, false),
+            Err(_) => {
+                conn = TcpStream::connect_timeout(&to, Duration::from_secs(3))
+                    .map_err(|e| e.to_string())?;
+                conn.set_read_timeout(Some(Duration::from_secs(5))).ok();
+                (exchange(&conn, &line)?, true)
+            }
+        };
+        println!(
+            "{}",
+            serde_json::json!({"reconnected": reconnected, "direct": direct(&conn), "echo": echo})
+        );
+        std::io::stdout().flush().ok();
+    }
+    Ok(())
 }
 
 fn join_cgroup(args: &[String]) -> Result<(), String> {
