@@ -57,6 +57,18 @@ pub fn validity(der: &[u8]) -> Option<(u64, u64)> {
     Some((der_time(t1, v1)?, der_time(t2, v2)?))
 }
 
+/// An RFC 3339 time as Kubernetes writes it (`2026-12-03T10:00:00Z`, fractions allowed)
+/// to Unix seconds.
+pub fn rfc3339_to_unix(s: &str) -> Option<u64> {
+    let s = s.strip_suffix('Z')?;
+    let whole = s.split('.').next()?;
+    let digits: String = whole.chars().filter(char::is_ascii_digit).collect();
+    if digits.len() != 14 || whole.len() != 19 {
+        return None;
+    }
+    der_time(0x18, format!("{digits}Z").as_bytes())
+}
+
 /// UTCTime (YYMMDDHHMMSSZ) or GeneralizedTime (YYYYMMDDHHMMSSZ) to Unix seconds.
 fn der_time(tag: u8, v: &[u8]) -> Option<u64> {
     let s = std::str::from_utf8(v).ok()?.strip_suffix('Z')?;

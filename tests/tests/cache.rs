@@ -1010,6 +1010,65 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
         409,
         "the cloud knows the node"
     );
+    // The projected service-account token of a pod, asked in protobuf as kubelet does.
+    let token_request = |pod: &str| -> Vec<u8> {
+        use k8s_pb::{
+            api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
+            apimachinery::pkg::runtime::{TypeMeta, Unknown},
+        };
+        use prost::Message;
+        let req = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                audiences: vec!["https://kubernetes.default.svc".into()],
+                expiration_seconds: Some(3607),
+                bound_object_ref: Some(BoundObjectReference {
+                    kind: Some("Pod".into()),
+                    api_version: Some("v1".into()),
+                    name: Some(pod.into()),
+                    u_id: Some(format!("uid-{pod}")),
+                }),
+            }),
+            ..Default::default()
+        };
+        let u = Unknown {
+            type_meta: Some(TypeMeta {
+                api_version: Some("authentication.k8s.io/v1".into()),
+                kind: Some("TokenRequest".into()),
+            }),
+            raw: Some(req.encode_to_vec()),
+            content_encoding: Some(String::new()),
+            content_type: Some(String::new()),
+        };
+        [b"k8s\0".to_vec(), u.encode_to_vec()].concat()
+    };
+    let token_path = "/api/v1/namespaces/ns1/serviceaccounts/default/token";
+    let ask_token = |pod: &str| {
+        call(
+            "POST",
+            token_path,
+            &[("Content-Type", "application/vnd.kubernetes.protobuf")],
+            &token_request(pod),
+        )
+    };
+    let token_of = |r: &hub_tests::apiserver::client::Reply| -> String {
+        use k8s_pb::{api::authentication::v1::TokenRequest, apimachinery::pkg::runtime::Unknown};
+        use prost::Message;
+        let u = Unknown::decode(r.body.strip_prefix(b"k8s\0").expect("protobuf")).unwrap();
+        TokenRequest::decode(u.raw.unwrap().as_slice())
+            .unwrap()
+            .status
+            .unwrap()
+            .token
+            .unwrap()
+    };
+    let issued = ask_token("p-1");
+    assert_eq!(
+        issued.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&issued.body)
+    );
+    let issued = token_of(&issued);
     s.wait_cached("kubelet", "every informer's objects", |e| {
         let has = |k: &str| e.iter().any(|e| e["key"] == k);
         has("/v1/pods/ns1/late")
@@ -1048,6 +1107,23 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
         );
         let (_, added) = protobuf_watch_pods(&pods.body);
         assert_eq!(added, online[4].1, "{round}: the offline pod watch");
+        // The pod's token: the one the cloud issued for that binding, never a new one;
+        // none for a binding the cloud never saw.
+        let again = ask_token("p-1");
+        assert_eq!(
+            again.status,
+            201,
+            "{round}: {}",
+            String::from_utf8_lossy(&again.body)
+        );
+        assert_eq!(token_of(&again), issued, "{round}");
+        let unseen = ask_token("p-2");
+        assert_eq!(
+            unseen.status,
+            503,
+            "{round}: {}",
+            String::from_utf8_lossy(&unseen.body)
+        );
         // Writes: registration answered as the cloud would, the rest queued.
         let reg = register(&node_pb.body);
         assert_eq!(

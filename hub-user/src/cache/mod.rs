@@ -17,6 +17,7 @@ pub mod select;
 pub mod serve;
 pub mod store;
 mod tee;
+pub mod tokens;
 pub mod writer;
 
 use std::{path::Path, sync::Arc};

@@ -43,8 +43,9 @@ const REPLAY_EVERY: Duration = Duration::from_millis(300);
 const MAX_ANSWER: usize = 4 * 1024 * 1024;
 
 /// The writes a node makes to keep being a node: lease renewals, node and pod status,
-/// events — and its registration (a node create, answered offline as the cloud would
-/// answer it for a node it knows, never queued).
+/// events — and two it needs answered though they cannot be queued: its registration (a
+/// node create, answered offline as the cloud would answer it for a node it knows) and
+/// its pods' service-account tokens (see `tokens`).
 pub fn replayable(info: &RequestInfo) -> bool {
     let write = matches!(info.verb, "create" | "update" | "patch");
     let named = !info.name.is_empty();
@@ -57,6 +58,7 @@ pub fn replayable(info: &RequestInfo) -> bool {
             ("coordination.k8s.io", "leases", "") => named && info.verb != "create",
             ("", "nodes" | "pods", "status") => named && info.verb != "create",
             ("", "nodes", "") => !named && info.verb == "create",
+            ("", "serviceaccounts", "token") => named && info.verb == "create",
             ("", "events", "") | ("events.k8s.io", "events", "") => named || info.verb == "create",
             _ => false,
         }
@@ -257,6 +259,9 @@ impl Cache {
         let answer = tokio::task::spawn_blocking(move || {
             if info.resource == "nodes" && info.verb == "create" {
                 return register_node(&me, &content_type, &body);
+            }
+            if super::tokens::is_token_request(&info) {
+                return me.token_offline(&info, &content_type, &body);
             }
             let (code, item, store_it) = match result_of(&me, &info, &content_type, &body) {
                 Ok(r) => r,

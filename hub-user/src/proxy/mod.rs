@@ -521,6 +521,10 @@ impl Proxy {
         };
         if self.cloud.healthy() {
             match forward::forward_parts(&self.cloud, &parts, body.clone(), AsWho::Node).await {
+                Ok(f) if cache::tokens::is_token_request(info) => {
+                    self.record(Route::Cloud, info, component, f.response.status(), started);
+                    return keep_token(cache, info, &parts, &body, f.response).await;
+                }
                 Ok(f) => {
                     self.record(Route::Cloud, info, component, f.response.status(), started);
                     return f.response;
@@ -589,6 +593,48 @@ impl Proxy {
             })
         })
     }
+}
+
+/// Passes the cloud's answer to a TokenRequest on, and keeps it for when the cloud is
+/// unreachable (`cache::tokens`).
+async fn keep_token(
+    cache: &Arc<Cache>,
+    info: &RequestInfo,
+    parts: &hyper::http::request::Parts,
+    request: &bytes::Bytes,
+    resp: Response<ProxyBody>,
+) -> Response<ProxyBody> {
+    let plain = resp.status() == StatusCode::CREATED
+        && !resp.headers().contains_key(header::CONTENT_ENCODING);
+    if !plain {
+        return resp;
+    }
+    let (rparts, body) = resp.into_parts();
+    let limited = http_body_util::Limited::new(body, cache::tokens::MAX_ANSWER);
+    let answer = match http_body_util::BodyExt::collect(limited).await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return status(
+                StatusCode::BAD_GATEWAY,
+                "InternalError",
+                &format!("hub: reading the cloud's TokenRequest answer: {e}"),
+            );
+        }
+    };
+    let type_of = |h: &hyper::HeaderMap| {
+        h.get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
+    };
+    let (cache, info, request) = (cache.clone(), info.clone(), request.clone());
+    let (request_type, answer_type) = (type_of(&parts.headers), type_of(&rparts.headers));
+    let kept = answer.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        cache.remember_token(&info, &request_type, &request, &answer_type, &kept)
+    })
+    .await;
+    Response::from_parts(rparts, forward::full(answer))
 }
 
 fn too_large() -> Response<ProxyBody> {

@@ -73,6 +73,7 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
                 "status" | "approval" => (r.kind, vec!["get", "patch", "update"]),
                 "log" => (r.kind, vec!["get"]),
                 "binding" => ("Binding", vec!["create"]),
+                "token" => ("TokenRequest", vec!["create"]),
                 _ => ("PodExecOptions", vec!["create", "get"]),
             };
             list.push(json!({"name": format!("{}/{sub}", r.name), "singularName": "", "namespaced": r.namespaced, "kind": kind, "verbs": verbs}));

@@ -409,6 +409,20 @@ pub async fn resource_request(
     };
 
     match (verb, sub) {
+        ("create", Some("token")) => {
+            let protobuf = req.headers().get(header::CONTENT_TYPE).is_some_and(|c| {
+                c.as_bytes()
+                    .starts_with(super::protobuf::CONTENT_TYPE.as_bytes())
+            });
+            let body = match read_body(req).await {
+                Ok(b) => b,
+                Err(e) => return e,
+            };
+            match super::tokens::decode(&body, protobuf) {
+                Ok(v) => super::tokens::request(&state, &target, v),
+                Err(e) => bad_request(&format!("TokenRequest: {e}")),
+            }
+        }
         ("get", Some("log")) => super::stream::logs(&state, &target, &q).await,
         (_, Some("exec" | "attach")) => super::stream::exec(req, &target).await,
         ("watch", _) => super::watch::watch(state, target, q, format).await,

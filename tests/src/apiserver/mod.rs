@@ -25,6 +25,7 @@ pub mod stream;
 pub mod table;
 pub mod time;
 pub mod tls;
+pub mod tokens;
 pub mod traffic;
 pub mod watch;
 
@@ -454,7 +455,7 @@ async fn in_protobuf_if_asked(resp: Response<Body>, accept: Option<&str>) -> Res
     let kind = v["kind"].as_str().unwrap_or_default();
     let encoded = match kind {
         "Status" => protobuf::status(&v),
-        k if protobuf::supported(k) => {
+        k if protobuf::supported(k) || k == "TokenRequest" => {
             protobuf::object(v["apiVersion"].as_str().unwrap_or("v1"), k, &v)
         }
         _ => return Response::from_parts(parts, full(bytes)),

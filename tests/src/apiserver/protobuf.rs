@@ -776,6 +776,7 @@ fn raw(kind: &str, o: &Value) -> Vec<u8> {
         "Event" => event(o).encode_to_vec(),
         "ServiceAccount" => service_account(o).encode_to_vec(),
         "CertificateSigningRequest" => csr(o).encode_to_vec(),
+        "TokenRequest" => super::tokens::encode(o),
         _ => configmap(o).encode_to_vec(),
     }
 }

@@ -81,7 +81,7 @@ pub static RESOURCES: &[Resource] = &[
     r("", "v1", "endpoints", "endpoints", "Endpoints", true, &["ep"], &[]),
     r("", "v1", "configmaps", "configmap", "ConfigMap", true, &["cm"], &[]),
     r("", "v1", "secrets", "secret", "Secret", true, &[], &[]),
-    r("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount", true, &["sa"], &[]),
+    r("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount", true, &["sa"], &["token"]),
     r("", "v1", "events", "event", "Event", true, &["ev"], &[]),
     r("coordination.k8s.io", "v1", "leases", "lease", "Lease", true, &[], &[]),
     r("discovery.k8s.io", "v1", "endpointslices", "endpointslice", "EndpointSlice", true, &[], &[]),
