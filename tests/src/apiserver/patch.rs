@@ -1,6 +1,8 @@
 //! PATCH bodies: JSON merge patch (RFC 7386), strategic merge patch (merge, with lists of
-//! named objects merged by key as Kubernetes does for containers, ports, env, conditions),
-//! and JSON patch (RFC 6902).
+//! named objects merged by key as Kubernetes does for containers, ports, env, conditions,
+//! and its directives: `$patch: delete|replace` on maps and list items,
+//! `$deleteFromPrimitiveList/<field>`, `$retainKeys`, `$setElementOrder/<field>` — none of
+//! them ever stored as a field), and JSON patch (RFC 6902).
 use serde_json::Value;
 
 pub fn merge_patch(target: &mut Value, patch: &Value) {
@@ -18,20 +20,55 @@ fn merge_key(items: &[Value]) -> Option<&'static str> {
         .find(|k| !items.is_empty() && items.iter().all(|i| i.get(*k).is_some()))
 }
 
+/// `v` without strategic-merge directives (keys starting with `$`), at every depth.
+fn without_directives(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| !k.starts_with('$'))
+                .map(|(k, v)| (k.clone(), without_directives(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_directives).collect()),
+        other => other.clone(),
+    }
+}
+
+fn directive<'a>(v: &'a Value) -> Option<&'a str> {
+    v.get("$patch").and_then(Value::as_str)
+}
+
 fn merge(target: &mut Value, patch: &Value, strategic: bool) {
     let Value::Object(p) = patch else {
         *target = patch.clone();
         return;
     };
+    if strategic && directive(patch) == Some("replace") {
+        *target = without_directives(patch);
+        return;
+    }
     if !target.is_object() {
         *target = Value::Object(Default::default());
     }
     let t = target.as_object_mut().expect("object");
+    let mut retain: Option<Vec<String>> = None;
     for (k, v) in p {
-        if k.starts_with("$setElementOrder") || k == "$retainKeys" {
+        if strategic && k.starts_with('$') {
+            if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/")
+                && let (Some(Value::Array(cur)), Value::Array(gone)) = (t.get_mut(field), v)
+            {
+                cur.retain(|x| !gone.contains(x));
+            }
+            if k == "$retainKeys" {
+                retain = v.as_array().map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_str().map(String::from))
+                        .collect()
+                });
+            }
             continue;
         }
-        if v.is_null() {
+        if v.is_null() || (strategic && directive(v) == Some("delete")) {
             t.remove(k);
             continue;
         }
@@ -40,23 +77,34 @@ fn merge(target: &mut Value, patch: &Value, strategic: bool) {
                 if let Some(key) = merge_key(new).filter(|key| merge_key(cur) == Some(key)) {
                     for item in new {
                         let id = &item[key];
-                        if item.get("$patch").and_then(Value::as_str) == Some("delete") {
+                        if directive(item) == Some("delete") {
                             cur.retain(|c| &c[key] != id);
                         } else if let Some(existing) = cur.iter_mut().find(|c| &c[key] == id) {
                             merge(existing, item, true);
                         } else {
-                            cur.push(item.clone());
+                            cur.push(without_directives(item));
                         }
                     }
                 } else {
-                    *cur = new.clone();
+                    *cur = without_directives(v)
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default();
                 }
             }
             (Some(existing), Value::Object(_)) => merge(existing, v, strategic),
             _ => {
-                t.insert(k.clone(), v.clone());
+                let v = if strategic {
+                    without_directives(v)
+                } else {
+                    v.clone()
+                };
+                t.insert(k.clone(), v);
             }
         }
+    }
+    if let Some(keep) = retain {
+        t.retain(|k, _| keep.contains(k));
     }
 }
 
@@ -184,6 +232,48 @@ mod tests {
             s["spec"]["containers"],
             json!([{"name": "a", "image": "x"}, {"name": "b", "image": "z"}])
         );
+    }
+
+    /// The directives the recordings and kubelet use, applied — and never stored.
+    #[test]
+    fn strategic_directives_are_applied_and_never_stored() {
+        let mut pod = json!({
+            "metadata": {"finalizers": ["a", "b", "c"], "labels": {"x": "1"}},
+            "spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "y"}],
+                     "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1}}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}]},
+        });
+        // As recorded (patch-pod-status-strategic), plus the other directives.
+        let patch = json!({
+            "metadata": {"$deleteFromPrimitiveList/finalizers": ["b"], "labels": {"$patch": "replace", "y": "2"}},
+            "spec": {"containers": [{"name": "a", "$patch": "delete"}, {"name": "c", "image": "z", "$patch": "merge"}],
+                     "strategy": {"$retainKeys": ["type"], "type": "Recreate"}},
+            "status": {"$setElementOrder/conditions": [{"type": "Ready"}, {"type": "PodScheduled"}],
+                       "conditions": [{"type": "Ready", "status": "False"}], "phase": "Pending"},
+        });
+        strategic_merge_patch(&mut pod, &patch);
+        assert_eq!(pod["metadata"]["finalizers"], json!(["a", "c"]));
+        assert_eq!(pod["metadata"]["labels"], json!({"y": "2"}));
+        assert_eq!(
+            pod["spec"]["containers"],
+            json!([{"name": "b", "image": "y"}, {"name": "c", "image": "z"}])
+        );
+        assert_eq!(pod["spec"]["strategy"], json!({"type": "Recreate"}));
+        assert_eq!(
+            pod["status"]["conditions"][0],
+            json!({"type": "Ready", "status": "False"})
+        );
+        assert_eq!(pod["status"]["phase"], "Pending");
+        assert!(
+            !pod.to_string().contains('$'),
+            "a directive was stored: {pod}"
+        );
+        let mut gone = json!({"spec": {"affinity": {"nodeAffinity": {}}}});
+        strategic_merge_patch(
+            &mut gone,
+            &json!({"spec": {"affinity": {"$patch": "delete"}}}),
+        );
+        assert_eq!(gone, json!({"spec": {}}));
     }
 
     #[test]
