@@ -111,6 +111,10 @@ pub struct ListenConfig {
     /// Admin: /healthz, /readyz, /metrics, /v1/status.
     #[serde(default = "default_admin")]
     pub admin: SocketAddr,
+    /// The plain listener speaks as the node for whoever connects: on anything but a
+    /// loopback address that is everyone who can reach it. Off unless set to say so.
+    #[serde(default)]
+    pub proxy_gives_node_identity_to_the_network: bool,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -264,6 +268,7 @@ impl Default for ListenConfig {
             proxy: default_proxy(),
             tls_proxy: default_tls_proxy(),
             admin: default_admin(),
+            proxy_gives_node_identity_to_the_network: false,
         }
     }
 }
@@ -395,6 +400,17 @@ impl Config {
                 "certFile and keyFile must be given together",
             ));
         }
+        if !self.listen.proxy.ip().is_loopback()
+            && !self.listen.proxy_gives_node_identity_to_the_network
+        {
+            return Err(invalid(
+                "listen.proxy",
+                format!(
+                    "{} is not a loopback address: the plain listener speaks as the node to whoever connects; set listen.proxyGivesNodeIdentityToTheNetwork: true if that is meant",
+                    self.listen.proxy
+                ),
+            ));
+        }
         if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
             return Err(invalid(
                 "tls.certFile",
@@ -523,6 +539,22 @@ coordinator:
         let c = check(text).unwrap();
         assert_eq!(c.intercept.bypass_mark, 0x2a6);
         assert_eq!(c.pool_name.as_deref(), Some("pool-a"));
+    }
+
+    #[test]
+    fn a_plain_listener_off_loopback_must_be_meant() {
+        let at = |addr: &str, meant: bool| {
+            check(&format!(
+                "{MINIMAL}listen:\n  proxy: {addr}\n  proxyGivesNodeIdentityToTheNetwork: {meant}\n"
+            ))
+        };
+        let e = at("0.0.0.0:10261", false).unwrap_err().to_string();
+        assert!(
+            e.contains("listen.proxy") && e.contains("proxyGivesNodeIdentityToTheNetwork"),
+            "{e}"
+        );
+        assert!(at("0.0.0.0:10261", true).is_ok());
+        assert!(at("127.0.0.2:10261", false).is_ok());
     }
 
     #[test]

@@ -213,10 +213,20 @@ async fn serving_tls(
     let reloading = Arc::new(
         serving::ReloadingCert::new(&cert, &key).map_err(|e| DaemonError::Config(e.to_string()))?,
     );
-    let server_config =
-        serving::server_config(reloading.clone(), config.tls.client_ca_file.as_deref())
-            .map_err(|e| DaemonError::Config(e.to_string()))?;
-    tokio::spawn(serving::watch_files(reloading, CERT_RELOAD, stop.clone()));
+    let client_ca = match config.tls.client_ca_file.as_deref() {
+        Some(ca) => Some(Arc::new(
+            serving::ReloadingClientCa::new(ca).map_err(|e| DaemonError::Config(e.to_string()))?,
+        )),
+        None => None,
+    };
+    let server_config = serving::server_config(reloading.clone(), client_ca.clone())
+        .map_err(|e| DaemonError::Config(e.to_string()))?;
+    tokio::spawn(serving::watch_files(
+        reloading,
+        client_ca,
+        CERT_RELOAD,
+        stop.clone(),
+    ));
     Ok(Some(tokio_rustls::TlsAcceptor::from(server_config)))
 }
 

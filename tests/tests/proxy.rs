@@ -107,6 +107,41 @@ fn last_audit(cloud: &StandIn, path: &str) -> hub_tests::apiserver::AuditEntry {
         .expect("audited request")
 }
 
+/// tls.clientCaFile is re-read when it changes: after a CA rotation (the file now holds
+/// the old and the new CA), a kubelet certificate from the new CA is the node.
+#[test]
+fn a_rotated_client_ca_is_picked_up_without_a_restart() {
+    let s = setup(1);
+    let rotated = TestCa::new("rotated-cloud-ca");
+    let kubelet = rotated.client("system:node:test-node", Some("system:nodes"));
+    let new_kubelet = || Client::new(s.tls_addr, s.ca.cert_der(), None, Some(&kubelet));
+    assert!(
+        new_kubelet()
+            .request("GET", "/api/v1/nodes", &[], &[])
+            .is_err(),
+        "not trusted before the rotation"
+    );
+    let bundle = format!("{}{}", s.ca.cert_pem(), rotated.cert_pem());
+    std::fs::write(&s.pki.ca, bundle).unwrap();
+    wait_for(
+        "the hub to trust the rotated CA",
+        Duration::from_secs(30),
+        || {
+            new_kubelet()
+                .request("GET", "/api/v1/nodes", &[], &[])
+                .ok()
+                .filter(|r| r.status == 200)
+        },
+    );
+    let seen = last_audit(&s.clouds[0], "/api/v1/nodes");
+    assert_eq!(seen.user, "system:node:test-node");
+    assert_eq!(
+        s.client(None, true).get("/api/v1/nodes").status,
+        200,
+        "the old CA still"
+    );
+}
+
 #[test]
 fn identities_are_forwarded_as_the_issue_says() {
     let s = setup(1);
@@ -148,6 +183,17 @@ fn identities_are_forwarded_as_the_issue_says() {
     let r = Client::new(s.tls_addr, s.ca.cert_der(), None, Some(&other)).get("/api/v1/nodes");
     assert_eq!(r.status, 401);
     assert_eq!(r.json()["kind"], "Status");
+    // The right CN without O=system:nodes is no node credential.
+    let no_group = s.ca.client("system:node:test-node", None);
+    let r = Client::new(s.tls_addr, s.ca.cert_der(), None, Some(&no_group)).get("/api/v1/nodes");
+    assert_eq!(r.status, 401, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.json()["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("O=system:nodes")),
+        "{}",
+        r.json()
+    );
     // ... and a certificate from an unknown CA does not get past TLS.
     let foreign = TestCa::new("foreign").client("system:node:test-node", None);
     assert!(

@@ -204,18 +204,26 @@ impl Proxy {
         let _ = builder.serve_connection_with_upgrades(io, service).await;
     }
 
-    /// Who the hub speaks as towards the cloud; Err carries a foreign client
-    /// certificate's CN, which gets a 401.
+    /// Who the hub speaks as towards the cloud; Err says why a client certificate is not
+    /// this node's, which gets a 401. As kube-apiserver does, a client certificate counts
+    /// before a bearer token; only `CN=system:node:<nodeName>, O=system:nodes` is the node.
     fn identity(&self, req: &Request<Incoming>, conn: &Conn) -> Result<AsWho, String> {
+        if let Some((cn, orgs)) = &conn.cert {
+            let node = format!("system:node:{}", self.node_name);
+            return if *cn != node {
+                Err(format!(
+                    "client certificate {cn:?} is not this node's identity ({node})"
+                ))
+            } else if !orgs.iter().any(|o| o == "system:nodes") {
+                Err(format!(
+                    "client certificate {cn:?} lacks O=system:nodes: it is not a node credential"
+                ))
+            } else {
+                Ok(AsWho::Node)
+            };
+        }
         if req.headers().contains_key(header::AUTHORIZATION) {
             return Ok(AsWho::Caller);
-        }
-        if let Some((cn, _)) = &conn.cert {
-            return if *cn == format!("system:node:{}", self.node_name) {
-                Ok(AsWho::Node)
-            } else {
-                Err(cn.clone())
-            };
         }
         // Explicitly configured local clients on the plain listener act as the node, as
         // with YurtHub's 10261; anyone else without credentials stays anonymous.
@@ -241,14 +249,11 @@ impl Proxy {
         });
         let who = match self.identity(&req, conn) {
             Ok(w) => w,
-            Err(cn) => {
+            Err(why) => {
                 let resp = status(
                     StatusCode::UNAUTHORIZED,
                     "Unauthorized",
-                    &format!(
-                        "hub: client certificate {cn:?} is not this node's identity (system:node:{})",
-                        self.node_name
-                    ),
+                    &format!("hub: {why}"),
                 );
                 self.record(Route::Cloud, &info, component, resp.status(), started);
                 return resp;

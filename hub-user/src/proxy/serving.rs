@@ -1,6 +1,7 @@
 //! The hub's serving certificate: loaded from tls.certFile/keyFile, re-read when the files
 //! change (rotation without dropping connections: new handshakes get the new certificate),
-//! with client certificates optional but verified against tls.clientCaFile.
+//! with client certificates optional but verified against tls.clientCaFile — re-read
+//! when it changes too (a rotated cluster CA).
 //!
 //! Intercepted clients connect by IP and send no SNI, so one certificate whose SANs cover
 //! every name and address clients use serves every listener.
@@ -11,9 +12,13 @@ use std::{
 };
 
 use rustls::{
-    ServerConfig,
-    pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
-    server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier},
+    DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme,
+    client::danger::HandshakeSignatureValid,
+    pki_types::{CertificateDer, PrivateKeyDer, UnixTime, pem::PemObject},
+    server::{
+        ClientHello, ResolvesServerCert, WebPkiClientVerifier,
+        danger::{ClientCertVerified, ClientCertVerifier},
+    },
     sign::CertifiedKey,
 };
 
@@ -85,28 +90,110 @@ impl ResolvesServerCert for ReloadingCert {
     }
 }
 
+/// A verifier of client certificates against the CA in tls.clientCaFile (client
+/// certificates stay optional: tokens authenticate too).
+fn client_verifier(ca: &Path) -> Result<Arc<dyn ClientCertVerifier>, ServingError> {
+    let roots = roots(
+        &read(ca).map_err(|e| ServingError(e.to_string()))?,
+        &ca.display().to_string(),
+    )
+    .map_err(|e| ServingError(e.to_string()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| ServingError(e.to_string()))
+}
+
+/// Verifies client certificates against tls.clientCaFile as it is now: the file is
+/// re-read when it changes, and a broken new file keeps the old CA.
+#[derive(Debug)]
+pub struct ReloadingClientCa {
+    file: PathBuf,
+    current: RwLock<(Arc<dyn ClientCertVerifier>, Option<SystemTime>)>,
+}
+
+impl ReloadingClientCa {
+    pub fn new(file: &Path) -> Result<Self, ServingError> {
+        Ok(ReloadingClientCa {
+            current: RwLock::new((client_verifier(file)?, mtime(file))),
+            file: file.to_owned(),
+        })
+    }
+
+    pub fn reload_if_changed(&self) -> Result<bool, ServingError> {
+        let m = mtime(&self.file);
+        if self.current.read().unwrap().1 == m {
+            return Ok(false);
+        }
+        let fresh = client_verifier(&self.file)?;
+        *self.current.write().unwrap() = (fresh, m);
+        Ok(true)
+    }
+
+    fn now(&self) -> Arc<dyn ClientCertVerifier> {
+        self.current.read().unwrap().0.clone()
+    }
+}
+
+impl ClientCertVerifier for ReloadingClientCa {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        // The hints are optional; a changing CA cannot lend out a borrowed list.
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.now()
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.now().verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.now().verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.now().supported_verify_schemes()
+    }
+}
+
 /// The server config for every TLS listener of the hub (ALPN h2 and http/1.1).
 pub fn server_config(
     cert: Arc<ReloadingCert>,
-    client_ca: Option<&Path>,
+    client_ca: Option<Arc<ReloadingClientCa>>,
 ) -> Result<Arc<ServerConfig>, ServingError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ServerConfig::builder_with_provider(provider.clone())
+    let builder = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| ServingError(e.to_string()))?;
     let builder = match client_ca {
-        Some(ca) => {
-            let roots = roots(
-                &read(ca).map_err(|e| ServingError(e.to_string()))?,
-                &ca.display().to_string(),
-            )
-            .map_err(|e| ServingError(e.to_string()))?;
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .allow_unauthenticated()
-                .build()
-                .map_err(|e| ServingError(e.to_string()))?;
-            builder.with_client_cert_verifier(verifier)
-        }
+        Some(ca) => builder.with_client_cert_verifier(ca),
         None => builder.with_no_client_auth(),
     };
     let mut config = builder.with_cert_resolver(cert);
@@ -114,9 +201,10 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
-/// Checks the certificate files every `every` until `stop`.
+/// Checks the certificate files (and the client CA) every `every` until `stop`.
 pub async fn watch_files(
     cert: Arc<ReloadingCert>,
+    client_ca: Option<Arc<ReloadingClientCa>>,
     every: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -129,6 +217,11 @@ pub async fn watch_files(
             Ok(true) => tracing::info!("serving certificate reloaded"),
             Ok(false) => {}
             Err(e) => tracing::warn!("keeping the current serving certificate: {e}"),
+        }
+        match client_ca.as_ref().map(|c| c.reload_if_changed()) {
+            Some(Ok(true)) => tracing::info!("client CA (tls.clientCaFile) reloaded"),
+            Some(Err(e)) => tracing::warn!("keeping the current client CA: {e}"),
+            _ => {}
         }
     }
 }

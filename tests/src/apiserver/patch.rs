@@ -34,7 +34,7 @@ fn without_directives(v: &Value) -> Value {
     }
 }
 
-fn directive<'a>(v: &'a Value) -> Option<&'a str> {
+fn directive(v: &Value) -> Option<&str> {
     v.get("$patch").and_then(Value::as_str)
 }
 
