@@ -97,6 +97,16 @@ impl Auth {
         self.rules.push(rule);
     }
 
+    /// Takes back every rule for `subject` and returns them (a kube-apiserver that has
+    /// just started answers 403 like this until its authorizer has loaded RBAC).
+    pub fn revoke(&mut self, subject: &str) -> Vec<Rule> {
+        let (gone, kept) = std::mem::take(&mut self.rules)
+            .into_iter()
+            .partition(|r| r.subject == subject);
+        self.rules = kept;
+        gone
+    }
+
     pub fn user_for_token(&self, token: &str) -> Option<User> {
         self.tokens.get(token).cloned()
     }
