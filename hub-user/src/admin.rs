@@ -43,8 +43,49 @@ fn route(state: &HubState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
                 e.to_string(),
             ),
         },
+        // Cached objects (Secrets among them) are not on the TCP port: any local process
+        // can reach that. `hub cache` asks the root-only inspection socket instead.
+        _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found"),
+    }
+}
+
+/// The inspection socket of a hub whose cache lives in `dir`: `hub cache` asks it while
+/// the daemon runs (it holds the store's lock). Owner-only, in the owner-only cache dir.
+pub fn inspect_socket(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join("inspect.sock")
+}
+
+fn inspect_route(state: &HubState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    match req.uri().path() {
         "/v1/cache/ls" | "/v1/cache/get" => cache_route(state, req),
         _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found"),
+    }
+}
+
+/// Serves cache inspection on the Unix socket at `path` (mode 0600) until `shutdown`.
+pub async fn serve_inspect(
+    path: std::path::PathBuf,
+    state: Arc<HubState>,
+    mut shutdown: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    // A socket left by a hub that died: nothing listens on it any more.
+    let _ = std::fs::remove_file(&path);
+    let listener = tokio::net::UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = shutdown.wait_for(|stop| *stop) => {
+                let _ = std::fs::remove_file(&path);
+                return Ok(());
+            }
+        };
+        let Ok((stream, _)) = accepted else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        spawn_http(stream, state.clone(), inspect_route);
     }
 }
 
@@ -103,55 +144,109 @@ pub async fn serve(
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let state = state.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let resp = route(&state, &req);
-                async move { Ok::<_, Infallible>(resp) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .serve_connection(TokioIo::new(stream), service);
-            let _ = conn.await;
-        });
+        spawn_http(stream, state.clone(), route);
     }
+}
+
+/// Serves one HTTP/1.1 connection with `route` in a task of its own.
+fn spawn_http<S>(
+    stream: S,
+    state: Arc<HubState>,
+    route: fn(&HubState, &Request<Incoming>) -> Response<Full<Bytes>>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let service = service_fn(move |req| {
+            let resp = route(&state, &req);
+            async move { Ok::<_, Infallible>(resp) }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(10))
+            .serve_connection(TokioIo::new(stream), service);
+        let _ = conn.await;
+    });
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdminClientError {
-    #[error("cannot reach the hub admin port {addr}: {source} (is `hub run` running?)")]
+    #[error("cannot reach the hub {what} {at}: {source} (is `hub run` running?)")]
     Connect {
-        addr: SocketAddr,
+        what: &'static str,
+        at: String,
         source: std::io::Error,
     },
-    #[error("bad answer from {addr}: {reason}")]
-    Answer { addr: SocketAddr, reason: String },
+    #[error("bad answer from {at}: {reason}")]
+    Answer { at: String, reason: String },
 }
 
 /// Fetches `/v1/status` from a running hub.
 pub async fn fetch_status(addr: SocketAddr) -> Result<StatusReport, AdminClientError> {
     let body = fetch(addr, "/v1/status").await?;
     serde_json::from_slice(&body).map_err(|e| AdminClientError::Answer {
-        addr,
+        at: addr.to_string(),
         reason: e.to_string(),
     })
 }
 
 /// GETs `path_and_query` from a running hub's admin port; the body of a 200 answer.
 pub async fn fetch(addr: SocketAddr, path_and_query: &str) -> Result<Vec<u8>, AdminClientError> {
-    let connect_err = |source| AdminClientError::Connect { addr, source };
-    let answer_err = |reason: String| AdminClientError::Answer { addr, reason };
-    let mut stream = tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(addr))
-        .await
+    let at = addr.to_string();
+    let stream = tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(addr)).await;
+    let stream = connected("admin port", &at, stream)?;
+    get_over(stream, &at, path_and_query).await
+}
+
+/// GETs `path_and_query` from a running hub's inspection socket.
+pub async fn fetch_inspect(
+    socket: &std::path::Path,
+    path_and_query: &str,
+) -> Result<Vec<u8>, AdminClientError> {
+    let at = socket.display().to_string();
+    let stream = tokio::time::timeout(
+        Duration::from_secs(3),
+        tokio::net::UnixStream::connect(socket),
+    )
+    .await;
+    let stream = connected("inspection socket", &at, stream)?;
+    get_over(stream, "localhost", path_and_query).await
+}
+
+fn connected<S>(
+    what: &'static str,
+    at: &str,
+    attempt: Result<std::io::Result<S>, tokio::time::error::Elapsed>,
+) -> Result<S, AdminClientError> {
+    let connect_err = |source| AdminClientError::Connect {
+        what,
+        at: at.to_string(),
+        source,
+    };
+    attempt
         .map_err(|_| connect_err(std::io::ErrorKind::TimedOut.into()))?
-        .map_err(connect_err)?;
+        .map_err(connect_err)
+}
+
+/// One HTTP/1.1 GET over `stream`; the body of a 200 answer.
+async fn get_over<S>(
+    mut stream: S,
+    host: &str,
+    path_and_query: &str,
+) -> Result<Vec<u8>, AdminClientError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let answer_err = |reason: String| AdminClientError::Answer {
+        at: host.to_string(),
+        reason,
+    };
     let request =
-        format!("GET {path_and_query} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        format!("GET {path_and_query} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     stream
         .write_all(request.as_bytes())
         .await
-        .map_err(connect_err)?;
+        .map_err(|e| answer_err(e.to_string()))?;
     let mut raw = Vec::new();
     tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
         .await

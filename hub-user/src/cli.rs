@@ -67,12 +67,10 @@ enum BpfCommand {
 
 #[derive(Args)]
 struct CacheWhere {
-    /// The hub's state directory (cache.dir).
+    /// The hub's state directory (cache.dir). A running hub is asked through the
+    /// owner-only socket there (inspect.sock); a stopped one's store is read directly.
     #[arg(long, default_value = "/var/lib/hub")]
     dir: PathBuf,
-    /// Admin address of a running hub (used when the store is locked by it).
-    #[arg(long, default_value = "127.0.0.1:10267")]
-    admin: SocketAddr,
     /// Only objects cached for this component (kubelet, kube-proxy, ...).
     #[arg(long)]
     component: Option<String>,
@@ -95,6 +93,9 @@ enum CacheCommand {
         key: String,
         #[command(flatten)]
         at: CacheWhere,
+        /// Print a Secret's data as cached (by default its values are redacted).
+        #[arg(long)]
+        show_secrets: bool,
     },
 }
 
@@ -188,13 +189,14 @@ async fn cache_command(command: CacheCommand) -> Result<String, String> {
         CacheCommand::Ls { at, .. } | CacheCommand::Get { at, .. } => at,
     };
     // The file directly when no daemon holds it; otherwise (or when there is no store at
-    // --dir) the running hub's admin port.
+    // --dir) the running hub's inspection socket.
     let (local, why_not_local) = match Store::open_read_only(&at.dir) {
         Ok(s) => (Some(s), String::new()),
         Err(e @ (StoreError::InUse { .. } | StoreError::Missing { .. })) => (None, e.to_string()),
         Err(e) => return Err(e.to_string()),
     };
     let from_admin = |e: admin::AdminClientError| format!("{why_not_local}; and {e}");
+    let socket = admin::inspect_socket(&at.dir);
     let enc = |s: &str| {
         s.replace('%', "%25")
             .replace('&', "%26")
@@ -216,7 +218,9 @@ async fn cache_command(command: CacheCommand) -> Result<String, String> {
                         enc(component.unwrap_or("")),
                         enc(resource.as_deref().unwrap_or(""))
                     );
-                    let body = admin::fetch(at.admin, &q).await.map_err(from_admin)?;
+                    let body = admin::fetch_inspect(&socket, &q)
+                        .await
+                        .map_err(from_admin)?;
                     serde_json::from_slice(&body).map_err(|e| e.to_string())?
                 }
             };
@@ -225,8 +229,12 @@ async fn cache_command(command: CacheCommand) -> Result<String, String> {
                 Output::Text => inspect::render(&entries),
             })
         }
-        CacheCommand::Get { ref key, .. } => {
-            let object: inspect::Object = match &local {
+        CacheCommand::Get {
+            ref key,
+            show_secrets,
+            ..
+        } => {
+            let mut object: inspect::Object = match &local {
                 Some(store) => inspect::get(store, key, component)?
                     .ok_or_else(|| format!("{key} is not cached"))?,
                 None => {
@@ -235,10 +243,15 @@ async fn cache_command(command: CacheCommand) -> Result<String, String> {
                         enc(key),
                         enc(component.unwrap_or(""))
                     );
-                    let body = admin::fetch(at.admin, &q).await.map_err(from_admin)?;
+                    let body = admin::fetch_inspect(&socket, &q)
+                        .await
+                        .map_err(from_admin)?;
                     serde_json::from_slice(&body).map_err(|e| e.to_string())?
                 }
             };
+            if !show_secrets {
+                inspect::redact(&mut object);
+            }
             Ok(serde_json::to_string_pretty(&object).unwrap_or_default())
         }
     }

@@ -259,6 +259,17 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
             Ok((c, _note)) => {
                 let c = Arc::new(c);
                 state.set_cache(c.clone());
+                // `hub cache` asks here while the daemon holds the store.
+                let (socket, state, stop) = (
+                    admin::inspect_socket(&config.cache.dir),
+                    state.clone(),
+                    stop_rx.clone(),
+                );
+                tokio::spawn(async move {
+                    if let Err(e) = admin::serve_inspect(socket.clone(), state, stop).await {
+                        tracing::warn!(socket = %socket.display(), "no cache inspection socket: {e}");
+                    }
+                });
                 tokio::spawn(crate::cache::offline::replay_forever(
                     c.clone(),
                     cloud.clone(),

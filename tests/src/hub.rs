@@ -232,18 +232,23 @@ impl HubProc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// `hub ARGS…` in the hub's namespace (so it reaches the admin port), with `--admin`.
+    /// `hub ARGS…` in the hub's namespace (so it reaches the admin port).
     pub fn cli(&self, args: &[&str]) -> Command {
         let mut c = match &self.ns {
             Some(h) => h.command(hub_bin()),
             None => Command::new(hub_bin()),
         };
-        c.args(args).args(["--admin", &self.admin]);
+        c.args(args);
         c
     }
 
+    /// The cache directory of a hub started with the suggested one (`HubProc::start`).
+    pub fn cache_dir(&self) -> PathBuf {
+        self._dir.path().join("cache")
+    }
+
     fn status_cmd(&self) -> Command {
-        self.cli(&["status", "--output", "json"])
+        self.cli(&["status", "--output", "json", "--admin", &self.admin])
     }
 
     pub fn try_status(&self) -> Option<Value> {

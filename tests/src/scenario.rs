@@ -106,14 +106,13 @@ impl Setup {
         )
     }
 
-    /// `hub cache ls` through the real CLI (admin port while the hub runs, the file when
+    /// `hub cache ls` through the real CLI (its inspection socket while the hub runs, the file when
     /// it does not).
     pub fn cache_ls(&self, component: &str) -> Vec<Value> {
         let out = Command::new(hub_bin())
             .args(["cache", "ls", "--output", "json", "--component", component])
             .arg("--dir")
             .arg(&self.state)
-            .args(["--admin", &self.admin])
             .output()
             .unwrap();
         assert!(

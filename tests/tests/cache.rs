@@ -1210,3 +1210,70 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
         "{names:?}"
     );
 }
+
+/// Cached objects are inspected through an owner-only socket, not the admin TCP port any
+/// local process reaches; a Secret's values are shown only when asked for.
+#[test]
+fn cached_objects_are_for_root_only_and_secrets_are_redacted() {
+    if !privileged::check("cached_objects_are_for_root_only_and_secrets_are_redacted") {
+        return;
+    }
+    let s = Setup::new(&["kubelet"]);
+    let store = &s.cloud.state.store;
+    seed::base(store);
+    seed::namespace(store, "ns1");
+    seed::secret(store, "ns1", "s1", serde_json::json!({"k": "c2VjcmV0"}));
+    let hub = s.start_hub();
+    let r = s.kubelet().request(
+        "GET",
+        "/api/v1/namespaces/ns1/secrets/s1",
+        &[
+            ("User-Agent", "kubelet/v1.32.13"),
+            ("Accept", "application/json"),
+        ],
+        &[],
+    );
+    assert_eq!(r.unwrap().status, 200);
+    s.wait_cached("kubelet", "the secret", |e| {
+        e.iter().any(|e| e["key"] == "/v1/secrets/ns1/s1")
+    });
+
+    // The admin port answers health and status, never cached objects.
+    assert!(hub.admin_get("/healthz").starts_with("HTTP/1.1 200"));
+    for path in ["/v1/cache/ls", "/v1/cache/get?key=/v1/secrets/ns1/s1"] {
+        let answer = hub.admin_get(path);
+        assert!(answer.starts_with("HTTP/1.1 404"), "{path}: {answer}");
+        assert!(!answer.contains("c2VjcmV0"));
+    }
+
+    let get = |extra: &[&str], uid: Option<u32>| {
+        let mut c = Command::new(hub_tests::hub_bin());
+        c.args(["cache", "get", "/v1/secrets/ns1/s1", "--dir"])
+            .arg(&s.state)
+            .args(extra);
+        if let Some(uid) = uid {
+            std::os::unix::process::CommandExt::uid(&mut c, uid);
+            std::os::unix::process::CommandExt::gid(&mut c, uid);
+        }
+        c.output().unwrap()
+    };
+    let redacted = get(&[], None);
+    let text = String::from_utf8_lossy(&redacted.stdout);
+    assert!(
+        redacted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&redacted.stderr)
+    );
+    assert!(
+        text.contains("<redacted, 8 bytes>") && !text.contains("c2VjcmV0"),
+        "{text}"
+    );
+    let shown = get(&["--show-secrets"], None);
+    assert!(String::from_utf8_lossy(&shown.stdout).contains("c2VjcmV0"));
+    // Anyone but root: neither the socket nor the store file.
+    let other = get(&["--show-secrets"], Some(1000));
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success(), "uid 1000 read the cache");
+    assert!(!String::from_utf8_lossy(&other.stdout).contains("c2VjcmV0"));
+    assert!(err.contains("ermission denied"), "{err}");
+}

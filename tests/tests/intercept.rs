@@ -492,11 +492,9 @@ fn kubectl_through_the_intercepted_vip_keeps_its_own_identity() {
     assert_eq!(rec[0]["original_dst"], cloud);
     assert_eq!(rec[0]["cgroup_id"].as_u64(), Some(cg.id()));
     // Its cached list is kept under kubectl *in that cgroup* (design.md §6).
-    let entries: Value = serde_json::from_str(&process::output(
-        hub.cli(&["cache", "ls", "--output", "json", "--dir", "/nonexistent"]),
-        "hub cache ls",
-    ))
-    .unwrap();
+    let mut ls = hub.cli(&["cache", "ls", "--output", "json", "--dir"]);
+    ls.arg(hub.cache_dir());
+    let entries: Value = serde_json::from_str(&process::output(ls, "hub cache ls")).unwrap();
     let component = format!("kubectl@cgroup-{}", cg.id());
     assert!(
         entries

@@ -19,7 +19,7 @@ struct Node {
     hub: HubProc,
     tls: u16,
     plain: u16,
-    _state: TempDir,
+    state: TempDir,
 }
 
 fn start_hub(cloud: &StandIn, pki: &hub_tests::apiserver::tls::HubPki, etcd: &EtcdCluster) -> Node {
@@ -49,7 +49,7 @@ fn start_named_hub(
         hub,
         tls,
         plain,
-        _state: state,
+        state,
     }
 }
 
@@ -587,12 +587,11 @@ fn what_no_live_hub_holds_leaves_the_coordinator_and_what_one_holds_stays() {
         Duration::from_secs(20),
         || (!configmaps().iter().any(|k| k.ends_with("/one-off-0"))).then_some(()),
     );
-    assert!(
-        nodes[0]
-            .hub
-            .admin_get("/v1/cache/ls?resource=configmaps")
-            .contains("one-off-0")
-    );
+    let mut ls = nodes[0]
+        .hub
+        .cli(&["cache", "ls", "--resource", "configmaps", "--dir"]);
+    ls.arg(nodes[0].state.path());
+    assert!(hub_tests::process::output(ls, "hub cache ls").contains("one-off-0"));
     // Keys edge-0 holds by its list are not aged, whoever else got them by GET.
     assert!(configmaps().iter().any(|k| k.ends_with("/shared")));
 

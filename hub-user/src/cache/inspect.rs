@@ -110,6 +110,27 @@ pub fn get(store: &Store, key: &str, component: Option<&str>) -> Result<Option<O
     }))
 }
 
+/// Hides a Secret's values (`data`, `stringData`; the whole body when it is protobuf),
+/// keeping its keys and sizes: `hub cache get` shows them only with `--show-secrets`.
+pub fn redact(o: &mut Object) {
+    if !o.entry.key.starts_with("/v1/secrets/") {
+        return;
+    }
+    match &mut o.object {
+        serde_json::Value::Object(m) => {
+            for field in ["data", "stringData"] {
+                if let Some(serde_json::Value::Object(values)) = m.get_mut(field) {
+                    for v in values.values_mut() {
+                        let len = v.as_str().map_or(0, str::len);
+                        *v = format!("<redacted, {len} bytes>").into();
+                    }
+                }
+            }
+        }
+        other => *other = "<redacted protobuf Secret; --show-secrets prints it>".into(),
+    }
+}
+
 /// The text table of `hub cache ls`.
 pub fn render(entries: &[Entry]) -> String {
     let mut out = format!(

@@ -188,6 +188,21 @@ fn kind_of(objects: &[Latest], resource: &str, hint: &str) -> Result<String, Str
     Ok(kind)
 }
 
+/// The objects that exist (no tombstone is the freshest word on them) and that `sel`
+/// selects.
+fn live_and_selected<'a>(objects: &'a [Latest], sel: &Selector) -> Vec<&'a Latest> {
+    objects
+        .iter()
+        .filter(|l| !l.deleted)
+        .filter(|l| {
+            l.json
+                .as_ref()
+                .or(l.protobuf.as_ref())
+                .is_some_and(|i| sel.matches_item(i))
+        })
+        .collect()
+}
+
 /// The first encoding the client accepts in which every one of `objects` is held. None
 /// of them means the answer would leave objects out: the cache says so instead of passing
 /// off a partial (or empty) answer as whole.
@@ -617,16 +632,7 @@ fn render_list(
         Err(msg) => return Ok(bad_request(&msg)),
     };
     let kind = kind_of(&objects, &info.resource, kind_hint)?;
-    let selected: Vec<&Latest> = objects
-        .iter()
-        .filter(|l| !l.deleted)
-        .filter(|l| {
-            l.json
-                .as_ref()
-                .or(l.protobuf.as_ref())
-                .is_some_and(|i| sel.matches_item(i))
-        })
-        .collect();
+    let selected = live_and_selected(&objects, &sel);
     let enc = whole_in_one_encoding(&selected, prefs)?;
     let mut items = selected;
     let cont = param(query, "continue");
@@ -787,16 +793,7 @@ async fn watch(
     let scan_sel = sel.clone();
     let (objects, rv, kind_hint) =
         run_blocking(move || scope_objects(&scan_store, &scan_info, &scan_cred, &scan_sel)).await?;
-    let live: Vec<&Latest> = objects
-        .iter()
-        .filter(|l| !l.deleted)
-        .filter(|l| {
-            l.json
-                .as_ref()
-                .or(l.protobuf.as_ref())
-                .is_some_and(|i| sel.matches_item(i))
-        })
-        .collect();
+    let live = live_and_selected(&objects, &sel);
     let enc = whole_in_one_encoding(&live, &prefs)?;
     let from: u64 = param(&query, "resourceVersion").parse().unwrap_or(0);
     let initial = from == 0 || param(&query, "sendInitialEvents") == "true";
