@@ -518,10 +518,6 @@ const DEVIATIONS: &[(&str, &str)] = &[
         "the body carries the recorded cluster's resourceVersion, which is stale here: 409",
     ),
     (
-        "update-conflict-json",
-        "compared as recorded: a stale resourceVersion is a 409 Conflict here too",
-    ),
-    (
         "watch-pods-json",
         "events depend on writes made during the recording: framing and types only",
     ),
