@@ -220,6 +220,18 @@ pub fn envelope(api_version: &str, kind: &str, raw: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A failure Status in its envelope: Status { metadata 1 (empty ListMeta), status 2
+/// "Failure", message 3, reason 4, code 6 }.
+pub fn status(reason: &str, message: &str, code: u64) -> Vec<u8> {
+    let mut raw = Vec::new();
+    put_bytes(&mut raw, 1, b"");
+    put_bytes(&mut raw, 2, b"Failure");
+    put_bytes(&mut raw, 3, message.as_bytes());
+    put_bytes(&mut raw, 4, reason.as_bytes());
+    put_uint(&mut raw, 6, code);
+    envelope("v1", "Status", &raw)
+}
+
 /// A list message: ListMeta { resourceVersion 2, continue 3, remainingItemCount 4 } in
 /// field 1, then the items (message bytes) in field 2.
 pub fn list_message<'a>(

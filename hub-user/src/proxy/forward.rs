@@ -234,8 +234,38 @@ pub fn status(code: StatusCode, reason: &str, message: &str) -> Response<ProxyBo
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         )
+        .extension(OwnStatus {
+            reason: reason.to_string(),
+            message: message.to_string(),
+        })
         .body(full(serde_json::to_vec(&body).expect("json")))
         .expect("static response")
+}
+
+/// Marks a Status error the hub answered itself (never one the cloud sent).
+#[derive(Debug, Clone)]
+pub struct OwnStatus {
+    reason: String,
+    message: String,
+}
+
+/// The hub's own Status error in protobuf when the client asks for protobuf first, as
+/// kube-apiserver answers such a client (kubelet); anything else as it is.
+pub fn in_clients_encoding(resp: Response<ProxyBody>, protobuf_first: bool) -> Response<ProxyBody> {
+    if !protobuf_first {
+        return resp;
+    }
+    let Some(own) = resp.extensions().get::<OwnStatus>().cloned() else {
+        return resp;
+    };
+    let (mut parts, _) = resp.into_parts();
+    let body = crate::kproto::status(&own.reason, &own.message, u64::from(parts.status.as_u16()));
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/vnd.kubernetes.protobuf"),
+    );
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, full(body))
 }
 
 #[cfg(test)]

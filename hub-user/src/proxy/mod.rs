@@ -187,9 +187,25 @@ impl Proxy {
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
         let conn = Arc::new(conn);
-        let service = hyper::service::service_fn(move |req| {
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let (me, conn) = (self.clone(), conn.clone());
-            async move { Ok::<_, std::convert::Infallible>(me.handle(req, &conn).await) }
+            let protobuf_first = req
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|a| a.to_str().ok())
+                .and_then(|a| a.split(',').next())
+                .is_some_and(|first| {
+                    first
+                        .trim()
+                        .starts_with("application/vnd.kubernetes.protobuf")
+                });
+            async move {
+                let resp = me.handle(req, &conn).await;
+                Ok::<_, std::convert::Infallible>(forward::in_clients_encoding(
+                    resp,
+                    protobuf_first,
+                ))
+            }
         });
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         builder
