@@ -203,9 +203,9 @@ fn live_and_selected<'a>(objects: &'a [Latest], sel: &Selector) -> Vec<&'a Lates
         .collect()
 }
 
-/// The first encoding the client accepts in which every one of `objects` is held. None
-/// of them means the answer would leave objects out: the cache says so instead of passing
-/// off a partial (or empty) answer as whole.
+/// The first encoding the client accepts in which every one of `objects` is held. When
+/// there is none, the answer would leave objects out: the cache says so instead of
+/// passing off a partial (or empty) answer as whole.
 fn whole_in_one_encoding(objects: &[&Latest], prefs: &[Encoding]) -> Result<Encoding, String> {
     held_whole(prefs, |e| {
         objects.iter().filter(|l| l.pick(e).is_none()).count()
