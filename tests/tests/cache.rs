@@ -653,6 +653,14 @@ fn no_cache_write_is_dropped_under_back_to_back_lists() {
     );
 }
 
+/// A protobuf Status answer, decoded with k8s-pb (not the hub's reader).
+fn protobuf_status(body: &[u8]) -> k8s_pb::apimachinery::pkg::apis::meta::v1::Status {
+    use k8s_pb::apimachinery::pkg::{apis::meta::v1::Status, runtime::Unknown};
+    use prost::Message;
+    let u = Unknown::decode(body.strip_prefix(b"k8s\0").expect("protobuf")).unwrap();
+    Status::decode(u.raw.unwrap().as_slice()).unwrap()
+}
+
 /// Gunzips a body the way a client does (flate2, not the hub's reader).
 fn gunzip(body: &[u8]) -> Vec<u8> {
     use std::io::Read;
@@ -839,12 +847,7 @@ fn gzip_lists_and_protobuf_watches_reach_the_cache_and_come_back_offline() {
         let r = get(path, &pb_only);
         assert_eq!(r.status, 503, "{path}");
         // The refusal itself is a protobuf Status, as the client asked for protobuf.
-        let status = {
-            use k8s_pb::apimachinery::pkg::{apis::meta::v1::Status, runtime::Unknown};
-            use prost::Message;
-            let u = Unknown::decode(r.body.strip_prefix(b"k8s\0").expect("protobuf")).unwrap();
-            Status::decode(u.raw.unwrap().as_slice()).unwrap()
-        };
+        let status = protobuf_status(&r.body);
         let message = status.message.unwrap_or_default();
         assert!(message.contains("encoding"), "{path}: {message}");
         assert_eq!(status.code, Some(503));
@@ -942,36 +945,22 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
     }
     seed::secret(store, "ns1", "s-a", serde_json::json!({"k": "dg=="}));
     let admin = Client::new(s.cloud.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
+    let create =
+        |path: &str, v: &Value| assert_eq!(admin.send_json("POST", path, v).status, 201, "{path}");
     let headless = serde_json::json!({"apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "headless", "namespace": "ns1"},
         "spec": {"clusterIP": "None", "ports": [{"port": 80}]}});
-    assert_eq!(
-        admin
-            .send_json("POST", "/api/v1/namespaces/ns1/services", &headless)
-            .status,
-        201
-    );
+    create("/api/v1/namespaces/ns1/services", &headless);
     let rc = serde_json::json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
         "metadata": {"name": "runc"}, "handler": "runc"});
-    assert_eq!(
-        admin
-            .send_json("POST", "/apis/node.k8s.io/v1/runtimeclasses", &rc)
-            .status,
-        201
-    );
+    create("/apis/node.k8s.io/v1/runtimeclasses", &rc);
     let lease = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": node, "namespace": "kube-node-lease"},
         "spec": {"holderIdentity": node, "leaseDurationSeconds": 40}});
     seed::namespace(store, "kube-node-lease");
-    assert_eq!(
-        admin
-            .send_json(
-                "POST",
-                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
-                &lease
-            )
-            .status,
-        201
+    create(
+        "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+        &lease,
     );
 
     let mut hub = s.start_hub();
@@ -1156,12 +1145,7 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
             String::from_utf8_lossy(&reg.body)
         );
         // In protobuf, as kube-apiserver answers a protobuf-first client.
-        let status = {
-            use k8s_pb::apimachinery::pkg::{apis::meta::v1::Status, runtime::Unknown};
-            use prost::Message;
-            let u = Unknown::decode(reg.body.strip_prefix(b"k8s\0").expect("protobuf")).unwrap();
-            Status::decode(u.raw.unwrap().as_slice()).unwrap()
-        };
+        let status = protobuf_status(&reg.body);
         assert_eq!(
             (status.reason.as_deref(), status.code),
             (Some("AlreadyExists"), Some(409))

@@ -176,6 +176,23 @@ impl Selector {
                 .all(|f| f.equal && !f.value.is_empty() && IMMUTABLE.contains(&f.field.as_str()))
     }
 
+    /// The name it asks for when it is exactly `metadata.name=<name>` (with
+    /// `metadata.namespace=` at most besides): kubelet's node and per-ConfigMap informers.
+    pub fn single_name(&self) -> Option<&str> {
+        if !self.labels.is_empty() || self.fields.iter().any(|f| !f.equal) {
+            return None;
+        }
+        let mut name = None;
+        for f in &self.fields {
+            match f.field.as_str() {
+                "metadata.name" => name = Some(f.value.as_str()),
+                "metadata.namespace" => {}
+                _ => return None,
+            }
+        }
+        name.filter(|n| !n.is_empty())
+    }
+
     /// The field names it uses (each must be one the cache indexes for the resource).
     pub fn field_names(&self) -> impl Iterator<Item = &str> {
         self.fields.iter().map(|f| f.field.as_str())
@@ -296,6 +313,25 @@ mod tests {
             "unscheduled pods get bound"
         );
         assert!(!permanent("", "spec.nodeName!=edge-1"), "so do these");
+    }
+
+    #[test]
+    fn a_single_name_only_from_name_equality() {
+        let n = |l: &str, f: &str| {
+            Selector::parse(l, f)
+                .unwrap()
+                .single_name()
+                .map(String::from)
+        };
+        assert_eq!(n("", "metadata.name=edge-1"), Some("edge-1".into()));
+        assert_eq!(
+            n("", "metadata.namespace=a,metadata.name==cm"),
+            Some("cm".into())
+        );
+        assert_eq!(n("", "metadata.name!=edge-1"), None);
+        assert_eq!(n("app=x", "metadata.name=edge-1"), None);
+        assert_eq!(n("", "spec.nodeName=n,metadata.name=p"), None);
+        assert_eq!(n("", ""), None);
     }
 
     #[test]

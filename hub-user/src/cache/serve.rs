@@ -271,28 +271,6 @@ fn covering_list(
     Ok(None)
 }
 
-/// The name a selector asks for when it is exactly `metadata.name=<name>` (with
-/// `metadata.namespace=` at most besides): kubelet's node and per-ConfigMap informers.
-fn single_name(sel: &Selector) -> Option<String> {
-    let (labels, fields) = sel.source();
-    if !labels.is_empty() {
-        return None;
-    }
-    let mut name = None;
-    for req in fields.split(',').map(str::trim) {
-        let (field, value) = req
-            .split_once("==")
-            .or_else(|| req.split_once('='))
-            .filter(|(f, _)| !f.ends_with('!'))?;
-        match field.trim() {
-            "metadata.name" => name = Some(value.trim().to_string()),
-            "metadata.namespace" => {}
-            _ => return None,
-        }
-    }
-    name.filter(|n| !n.is_empty())
-}
-
 pub struct Server {
     pub store: Arc<Store>,
 }
@@ -494,13 +472,13 @@ fn scope_objects(
     let Some(meta) = covering_list(store, credential, &gvr, &info.namespace, asked)? else {
         // One object asked for by name: the copy a GET would be answered from (or its
         // tombstone) answers the list too.
-        if let Some(name) = single_name(asked) {
+        if let Some(name) = asked.single_name() {
             let records = store
                 .scan(&store::prefix(
                     credential,
                     &gvr,
                     Some(&info.namespace),
-                    Some(&name),
+                    Some(name),
                 ))
                 .map_err(|e| e.to_string())?;
             if !records.is_empty() {

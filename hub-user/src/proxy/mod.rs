@@ -651,10 +651,10 @@ async fn keep_token(
     let (cache, info, request) = (cache.clone(), info.clone(), request.clone());
     let (request_type, answer_type) = (type_of(&parts.headers), type_of(&rparts.headers));
     let kept = answer.clone();
-    let _ = tokio::task::spawn_blocking(move || {
+    // Kept off the answer's path: the client need not wait for the store's fsync.
+    tokio::task::spawn_blocking(move || {
         cache.remember_token(&info, &request_type, &request, &answer_type, &kept)
-    })
-    .await;
+    });
     Response::from_parts(rparts, forward::full(answer))
 }
 
