@@ -222,14 +222,49 @@ pub fn envelope(api_version: &str, kind: &str, raw: &[u8]) -> Vec<u8> {
 
 /// A failure Status in its envelope: Status { metadata 1 (empty ListMeta), status 2
 /// "Failure", message 3, reason 4, code 6 }.
-pub fn status(reason: &str, message: &str, code: u64) -> Vec<u8> {
+pub fn status(reason: &str, message: &str, code: u64, about: Option<&StatusDetails>) -> Vec<u8> {
+    // ListMeta with its three strings present and empty, as Go's encoder writes them.
+    let mut meta = Vec::new();
+    for field in 1..=3 {
+        put_bytes(&mut meta, field, b"");
+    }
     let mut raw = Vec::new();
-    put_bytes(&mut raw, 1, b"");
+    put_bytes(&mut raw, 1, &meta);
     put_bytes(&mut raw, 2, b"Failure");
     put_bytes(&mut raw, 3, message.as_bytes());
     put_bytes(&mut raw, 4, reason.as_bytes());
+    if let Some(d) = about {
+        // StatusDetails { name 1, group 2, kind 3, retryAfterSeconds 5, uid 6 }, every
+        // scalar written even when empty, as Go's encoder does.
+        let mut details = Vec::new();
+        put_bytes(&mut details, 1, d.name.as_bytes());
+        put_bytes(&mut details, 2, d.group.as_bytes());
+        put_bytes(&mut details, 3, d.kind.as_bytes());
+        put_uint(&mut details, 5, 0);
+        put_bytes(&mut details, 6, b"");
+        put_bytes(&mut raw, 5, &details);
+    }
     put_uint(&mut raw, 6, code);
     envelope("v1", "Status", &raw)
+}
+
+/// The object a Status error is about, as kube-apiserver names it: its name, API group
+/// and resource (`kind` holds the plural resource, as in kube-apiserver's answers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusDetails {
+    pub name: String,
+    pub group: String,
+    pub kind: String,
+}
+
+impl StatusDetails {
+    pub fn json(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({"name": self.name, "kind": self.kind});
+        if !self.group.is_empty() {
+            v["group"] = self.group.clone().into();
+        }
+        v
+    }
 }
 
 /// A list message: ListMeta { resourceVersion 2, continue 3, remainingItemCount 4 } in

@@ -70,7 +70,7 @@ impl HubSpec<'_> {
 }
 
 /// The node name of a `LoopbackHub`.
-pub const LOOPBACK_NODE: &str = "test-node";
+pub const LOOPBACK_NODE: &str = "node-0";
 
 /// A hub on loopback ports with interception off (proxy and cache scenarios); the cloud
 /// is given by URL, CA and node identity, `extra` is appended to the YAML.

@@ -331,6 +331,83 @@ fn chunked_list_of_5000_pods_returns_each_once() {
     assert_eq!(gone.json()["reason"], "Expired");
 }
 
+/// LIST by resourceVersion as kube-apiserver 1.32 answers it (recorded in
+/// tests/fixtures/wire: `list-pods-protobuf-nodename` is rv=0 with limit=500 and came back
+/// whole): rv=0 from the watch cache ignoring limit; NotOlderThan the newest state, in
+/// pages; Exact the state at that version, or 410 once compacted; a future version 504.
+#[test]
+fn lists_honour_resource_version_and_its_match() {
+    let s = standin(Options::default());
+    seed::cluster(&s.state.store, 1, 5);
+    let c = admin(&s);
+    let names = |v: &Value| -> Vec<String> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let pods = "/api/v1/namespaces/default/pods";
+    let before = c.get(pods).json();
+    let then = before["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    seed::pod(&s.state.store, "default", "pod-later", "node-0", "x");
+
+    let cached = c.get(&format!("{pods}?limit=2&resourceVersion=0")).json();
+    assert_eq!(names(&cached).len(), 6, "rv=0 ignores limit");
+    assert!(cached["metadata"]["continue"].is_null());
+    let newer = c
+        .get(&format!(
+            "{pods}?limit=2&resourceVersion={then}&resourceVersionMatch=NotOlderThan"
+        ))
+        .json();
+    assert_eq!(names(&newer).len(), 2, "NotOlderThan with a limit pages");
+    assert!(newer["metadata"]["continue"].is_string());
+    let exact = c
+        .get(&format!(
+            "{pods}?resourceVersion={then}&resourceVersionMatch=Exact"
+        ))
+        .json();
+    assert_eq!(exact["metadata"]["resourceVersion"], then.as_str());
+    assert_eq!(
+        names(&exact),
+        names(&before),
+        "Exact: the state at that version"
+    );
+
+    let future = s.state.store.current_rv() + 100;
+    let too_new = c.get(&format!(
+        "{pods}?resourceVersion={future}&resourceVersionMatch=Exact"
+    ));
+    assert_eq!(
+        (too_new.status, too_new.json()["reason"].clone()),
+        (504, json!("Timeout"))
+    );
+    for bad in [
+        "resourceVersionMatch=Exact",
+        "resourceVersion=0&resourceVersionMatch=Exact",
+        "resourceVersion=1&resourceVersionMatch=Sometimes",
+    ] {
+        let r = c.get(&format!("{pods}?{bad}"));
+        assert_eq!(
+            (r.status, r.json()["reason"].clone()),
+            (422, json!("Invalid")),
+            "{bad}"
+        );
+    }
+    c.request("POST", "/_standin/compact", &[], &[]).unwrap();
+    let gone = c.get(&format!(
+        "{pods}?resourceVersion={then}&resourceVersionMatch=Exact"
+    ));
+    assert_eq!(
+        (gone.status, gone.json()["reason"].clone()),
+        (410, json!("Expired"))
+    );
+}
+
 #[test]
 fn watch_semantics_rv_gone_bookmarks_initial_events_selectors() {
     let s = standin(Options {
@@ -581,8 +658,8 @@ fn authentication_and_authorisation() {
             &["configmaps"],
             &["default"],
         ));
-        auth.allow(Rule::new("system:nodes", &["*"], &["*"], &["*"]));
     }
+    seed::node(&s.state.store, "edge-1");
     let anon = Client::new(s.addr, s.ca.cert_der(), None, None);
     assert_eq!(anon.get("/healthz").status, 200);
     assert_eq!(anon.get("/version").json()["major"], "1");
@@ -624,6 +701,153 @@ fn authentication_and_authorisation() {
         rejected.is_err() || rejected.unwrap().status == 401,
         "a certificate from another CA is not accepted"
     );
+}
+
+/// `system:node:<n>` gets what kube-apiserver's Node authorizer (and NodeRestriction)
+/// gives a kubelet, plus the pool-scope reads deploy/hub.yaml grants — not "anything".
+#[test]
+fn a_node_reads_only_its_own_pods_and_what_they_reference() {
+    let s = standin(Options::default());
+    s.state.auth.write().unwrap().add_test_identities();
+    let store = &s.state.store;
+    seed::namespace(store, "ns1");
+    seed::node(store, "edge-1");
+    seed::node(store, "edge-2");
+    seed::pod_mounting(
+        store,
+        "ns1",
+        "mine",
+        "edge-1",
+        "a",
+        &["cm-mine"],
+        &["s-mine"],
+    );
+    seed::pod_mounting(
+        store,
+        "ns1",
+        "theirs",
+        "edge-2",
+        "a",
+        &["cm-theirs"],
+        &["s-theirs"],
+    );
+    for name in ["cm-mine", "cm-theirs", "kube-root-ca.crt"] {
+        seed::configmap(store, "ns1", name, json!({"k": "v"}));
+    }
+    for name in ["s-mine", "s-theirs"] {
+        seed::secret(store, "ns1", name, json!({"k": "dg=="}));
+    }
+    seed::service(store, "ns1", "svc", 80);
+    let node = s.ca.client("system:node:edge-1", Some("system:nodes"));
+    let kubelet = Client::new(s.addr, s.ca.cert_der(), None, Some(&node));
+    let status = |method: &str, path: &str, body: &[u8]| {
+        kubelet
+            .request(method, path, &[("Content-Type", "application/json")], body)
+            .unwrap()
+            .status
+    };
+    let get = |path: &str| status("GET", path, b"");
+    let allowed = [
+        "/api/v1/nodes",
+        "/api/v1/nodes/edge-2",
+        "/api/v1/pods?fieldSelector=spec.nodeName%3Dedge-1",
+        "/api/v1/namespaces/ns1/pods/mine",
+        "/api/v1/namespaces/ns1/configmaps/cm-mine",
+        "/api/v1/namespaces/ns1/configmaps/kube-root-ca.crt",
+        "/api/v1/namespaces/ns1/configmaps?fieldSelector=metadata.name%3Dcm-mine",
+        "/api/v1/namespaces/ns1/secrets/s-mine",
+        "/api/v1/namespaces/ns1/secrets?fieldSelector=metadata.name%3Ds-mine&watch=true&timeoutSeconds=1",
+        "/api/v1/services",
+        "/apis/discovery.k8s.io/v1/endpointslices",
+    ];
+    for path in allowed {
+        assert_eq!(get(path), 200, "{path}");
+    }
+    let refused = [
+        "/api/v1/pods",
+        "/api/v1/namespaces/ns1/pods",
+        "/api/v1/pods?fieldSelector=spec.nodeName%3Dedge-2",
+        "/api/v1/namespaces/ns1/pods/theirs",
+        "/api/v1/namespaces/ns1/configmaps",
+        "/api/v1/namespaces/ns1/configmaps/cm-theirs",
+        "/api/v1/namespaces/ns1/configmaps?fieldSelector=metadata.name%3Dcm-theirs",
+        "/api/v1/namespaces/ns1/secrets/s-theirs",
+        "/api/v1/namespaces/ns1/secrets",
+        "/api/v1/namespaces",
+    ];
+    for path in refused {
+        assert_eq!(get(path), 403, "{path}");
+    }
+    let denial = kubelet
+        .get("/api/v1/namespaces/ns1/secrets/s-theirs")
+        .json();
+    assert_eq!(
+        denial["message"],
+        "secrets \"s-theirs\" is forbidden: User \"system:node:edge-1\" cannot get resource \"secrets\" \
+         in API group \"\" in the namespace \"ns1\": no relationship found between node 'edge-1' and this object"
+    );
+    assert_eq!(
+        denial["details"],
+        json!({"name": "s-theirs", "kind": "secrets"})
+    );
+    // Writes: its own Node and lease, its pods' status; not another node's.
+    let patch = br#"{"metadata":{"labels":{"x":"y"}}}"#;
+    let merge = |path: &str| {
+        kubelet
+            .request(
+                "PATCH",
+                path,
+                &[("Content-Type", "application/merge-patch+json")],
+                patch,
+            )
+            .unwrap()
+            .status
+    };
+    assert_eq!(merge("/api/v1/nodes/edge-1"), 200);
+    assert_eq!(merge("/api/v1/nodes/edge-2"), 403);
+    assert_eq!(merge("/api/v1/namespaces/ns1/pods/mine/status"), 200);
+    assert_eq!(merge("/api/v1/namespaces/ns1/pods/theirs/status"), 403);
+    assert_eq!(merge("/api/v1/namespaces/ns1/configmaps/cm-mine"), 403);
+    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "edge-1"}, "spec": {"holderIdentity": "edge-1"}});
+    seed::namespace(store, "kube-node-lease");
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
+    assert_eq!(
+        status("POST", leases, &serde_json::to_vec(&lease).unwrap()),
+        201
+    );
+    assert_eq!(merge(&format!("{leases}/edge-1")), 200);
+    let event = json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e1"},
+        "involvedObject": {"kind": "Pod", "name": "mine", "namespace": "ns1"}, "reason": "Started"});
+    assert_eq!(
+        status(
+            "POST",
+            "/api/v1/namespaces/ns1/events",
+            &serde_json::to_vec(&event).unwrap()
+        ),
+        201
+    );
+    // A ServiceAccount token only for an account a pod of the node runs as.
+    let token = br#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"audiences":["api"]}}"#;
+    assert_eq!(
+        status(
+            "POST",
+            "/api/v1/namespaces/ns1/serviceaccounts/default/token",
+            token
+        ),
+        201
+    );
+    assert_eq!(
+        status(
+            "POST",
+            "/api/v1/namespaces/ns1/serviceaccounts/admin/token",
+            token
+        ),
+        403
+    );
+    // The graph follows the cluster: once its pod is bound here, the node may read it.
+    seed::pod_mounting(store, "ns1", "moved", "edge-1", "a", &["cm-theirs"], &[]);
+    assert_eq!(get("/api/v1/namespaces/ns1/configmaps/cm-theirs"), 200);
 }
 
 /// `kubectl auth whoami` works, and a request carrying both a client certificate and a

@@ -513,7 +513,10 @@ fn kubectl_through_the_intercepted_vip_keeps_its_own_identity() {
         .arg(dir.path().join("kubelet.crt"))
         .arg("--key")
         .arg(dir.path().join("kubelet.key"))
-        .arg(format!("https://{cloud}/api/v1/namespaces/default/secrets"));
+        // Only the node itself (or an admin) may list the node's pods cluster-wide.
+        .arg(format!(
+            "https://{cloud}/api/v1/pods?fieldSelector=spec.nodeName%3Dtest-node"
+        ));
     hub_tests::process::in_cgroup(&mut curl, &cg.procs_file());
     assert_eq!(process::output(curl, "curl as kubelet"), "200");
 }

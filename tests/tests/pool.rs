@@ -22,10 +22,6 @@ struct Node {
     state: TempDir,
 }
 
-fn start_hub(cloud: &StandIn, pki: &hub_tests::apiserver::tls::HubPki, etcd: &EtcdCluster) -> Node {
-    start_named_hub(cloud, pki, etcd, LOOPBACK_NODE, "")
-}
-
 /// A hub named `node` (its PKI must be issued for that name), with `more` appended to its
 /// coordinator section.
 fn start_named_hub(
@@ -67,8 +63,16 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
     let (ca, cloud) = cloud();
     seed::cluster(&cloud.state.store, 2, 3);
     let dir = TempDir::new("pool");
-    let pki = ca.write_hub_pki(dir.path(), LOOPBACK_NODE, &[]).unwrap();
-    let nodes: Vec<Node> = (0..2).map(|_| start_hub(&cloud, &pki, &etcd)).collect();
+    let names = ["node-0", "node-1"];
+    let pkis: Vec<_> = names
+        .iter()
+        .map(|n| ca.write_hub_pki(&dir.path().join(n), n, &[]).unwrap())
+        .collect();
+    let nodes: Vec<Node> = names
+        .iter()
+        .zip(&pkis)
+        .map(|(n, pki)| start_named_hub(&cloud, pki, &etcd, n, ""))
+        .collect();
     let plain_server = format!("--server=http://127.0.0.1:{}", nodes[1].plain);
     let empty_kubeconfig = dir.path().join("empty");
     std::fs::write(&empty_kubeconfig, "").unwrap();
@@ -85,7 +89,7 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
             format!("127.0.0.1:{}", n.tls).parse().unwrap(),
             ca.cert_der(),
             None,
-            Some(&pki.kubelet),
+            Some(&pkis[i].kubelet),
         );
         let r = kubelet
             .request(
@@ -109,7 +113,7 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
     // pod list: the pods the pool shows later must come from the kubelets' pushes).
     let (ok, _, err) = kubectl(
         &empty_kubeconfig,
-        &[&plain_server, "get", "namespaces", "-o", "name"],
+        &[&plain_server, "get", "nodes", "-o", "name"],
     );
     assert!(ok, "{err}");
     let all_six = wait_for(
@@ -495,15 +499,19 @@ fn what_no_live_hub_holds_leaves_the_coordinator_and_what_one_holds_stays() {
     let etcd = EtcdCluster::start(1);
     let (ca, cloud) = cloud();
     let names = ["edge-0", "edge-1", "edge-2"];
-    for n in names {
+    // What each node's pods mount (and so what the Node authorizer lets it read).
+    let mounts: [&[&str]; 3] = [&["shared", "one-off-0"], &["only-2"], &["shared", "only-2"]];
+    for (n, configmaps) in names.iter().zip(mounts) {
         seed::node(&cloud.state.store, n);
         for p in 0..2 {
-            seed::pod(
+            seed::pod_mounting(
                 &cloud.state.store,
                 "default",
                 &format!("{n}-pod-{p}"),
                 n,
                 "web",
+                configmaps,
+                &[],
             );
         }
     }

@@ -28,7 +28,8 @@ use hub_tests::{
 };
 use serde_json::{Value, json};
 
-const NODE: &str = "test-node";
+/// The node name of the hubs these tests start (`LOOPBACK_NODE`).
+const NODE: &str = "node-0";
 
 struct Setup {
     clouds: Vec<StandIn>,
@@ -113,7 +114,7 @@ fn last_audit(cloud: &StandIn, path: &str) -> hub_tests::apiserver::AuditEntry {
 fn a_rotated_client_ca_is_picked_up_without_a_restart() {
     let s = setup(1);
     let rotated = TestCa::new("rotated-cloud-ca");
-    let kubelet = rotated.client("system:node:test-node", Some("system:nodes"));
+    let kubelet = rotated.client("system:node:node-0", Some("system:nodes"));
     let new_kubelet = || Client::new(s.tls_addr, s.ca.cert_der(), None, Some(&kubelet));
     assert!(
         new_kubelet()
@@ -134,7 +135,7 @@ fn a_rotated_client_ca_is_picked_up_without_a_restart() {
         },
     );
     let seen = last_audit(&s.clouds[0], "/api/v1/nodes");
-    assert_eq!(seen.user, "system:node:test-node");
+    assert_eq!(seen.user, "system:node:node-0");
     assert_eq!(
         s.client(None, true).get("/api/v1/nodes").status,
         200,
@@ -174,7 +175,7 @@ fn identities_are_forwarded_as_the_issue_says() {
     let seen = last_audit(cloud, "/api/v1/nodes");
     assert_eq!(
         (seen.user.as_str(), seen.bearer),
-        ("system:node:test-node", false)
+        ("system:node:node-0", false)
     );
 
     // Another identity signed by the same CA is refused by the hub itself.
@@ -184,7 +185,7 @@ fn identities_are_forwarded_as_the_issue_says() {
     assert_eq!(r.status, 401);
     assert_eq!(r.json()["kind"], "Status");
     // The right CN without O=system:nodes is no node credential.
-    let no_group = s.ca.client("system:node:test-node", None);
+    let no_group = s.ca.client("system:node:node-0", None);
     let r = Client::new(s.tls_addr, s.ca.cert_der(), None, Some(&no_group)).get("/api/v1/nodes");
     assert_eq!(r.status, 401, "{}", String::from_utf8_lossy(&r.body));
     assert!(
@@ -195,7 +196,7 @@ fn identities_are_forwarded_as_the_issue_says() {
         r.json()
     );
     // ... and a certificate from an unknown CA does not get past TLS.
-    let foreign = TestCa::new("foreign").client("system:node:test-node", None);
+    let foreign = TestCa::new("foreign").client("system:node:node-0", None);
     assert!(
         Client::new(s.tls_addr, s.ca.cert_der(), None, Some(&foreign))
             .request("GET", "/api/v1/nodes", &[], &[])
@@ -210,7 +211,7 @@ fn identities_are_forwarded_as_the_issue_says() {
     tcp.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let seen = last_audit(cloud, "/api/v1/nodes");
-    assert!(!seen.bearer && seen.user == "system:node:test-node");
+    assert!(!seen.bearer && seen.user == "system:node:node-0");
 }
 
 #[test]
@@ -824,7 +825,7 @@ fn serving_certificate_by_csr_and_offline_restart() {
     let audit = cloud.audit();
     assert!(audit.iter().any(|a| a.method == "POST"
         && a.path.contains("certificatesigningrequests")
-        && a.user == "system:node:test-node"));
+        && a.user == "system:node:node-0"));
     let c = Client::new(
         format!("127.0.0.1:{tls_port}").parse().unwrap(),
         ca.cert_der(),
@@ -833,7 +834,7 @@ fn serving_certificate_by_csr_and_offline_restart() {
     );
     let served = c.peer_certificate().unwrap();
     let (cn, _) = hub::x509::subject_cn_and_orgs(&served).unwrap();
-    assert_eq!(cn, "system:node:test-node");
+    assert_eq!(cn, "system:node:node-0");
     assert_eq!(
         c.get("/api/v1/pods").status,
         200,

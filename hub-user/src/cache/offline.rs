@@ -23,9 +23,9 @@ use super::{
     store::{self, ObjectKey, StoreError},
 };
 use crate::{
-    kproto,
+    kproto::{self, StatusDetails},
     proxy::{
-        forward::{full, status},
+        forward::{full, status, status_about},
         request::RequestInfo,
     },
     upstream::{
@@ -214,10 +214,15 @@ fn register_node(cache: &Cache, content_type: &str, body: &[u8]) -> Response<Pro
     };
     let p = store::prefix("node", "/v1/nodes", Some(""), Some(&node.name));
     match cache.store.scan(&p) {
-        Ok(held) if held.iter().any(|(_, r)| !r.deleted) => status(
+        Ok(held) if held.iter().any(|(_, r)| !r.deleted) => status_about(
             StatusCode::CONFLICT,
             "AlreadyExists",
             &format!("nodes {:?} already exists", node.name),
+            Some(StatusDetails {
+                name: node.name.clone(),
+                group: String::new(),
+                kind: "nodes".into(),
+            }),
         ),
         Ok(_) => unavailable(&format!(
             "node {:?} is not in the local cache, so its registration cannot be answered offline",

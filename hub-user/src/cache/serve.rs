@@ -27,7 +27,11 @@ use super::{
 };
 use crate::{
     kproto,
-    proxy::{forward::status, request::RequestInfo},
+    kproto::StatusDetails,
+    proxy::{
+        forward::{status, status_about},
+        request::RequestInfo,
+    },
     upstream::cloud::{BodyError, ProxyBody},
 };
 
@@ -381,10 +385,15 @@ fn get(
     let records = store.scan(&p).map_err(|e| e.to_string())?;
     let objects = latest(records);
     let not_found = || {
-        status(
+        status_about(
             StatusCode::NOT_FOUND,
             "NotFound",
             &format!("{} {:?} not found", info.resource, info.name),
+            Some(StatusDetails {
+                name: info.name.clone(),
+                group: info.group.clone(),
+                kind: info.resource.clone(),
+            }),
         )
     };
     let Some(l) = objects.first() else {
@@ -622,7 +631,13 @@ fn render_list(
             (l.key.namespace.as_str(), l.key.name.as_str()) > (ns.as_str(), name.as_str())
         });
     }
-    let limit: usize = param(query, "limit").parse().unwrap_or(0);
+    // resourceVersion=0 asks for any version, which kube-apiserver answers whole from its
+    // watch cache whatever the limit (informers list so, and expect no continue).
+    let limit: usize = if param(query, "resourceVersion") == "0" {
+        0
+    } else {
+        param(query, "limit").parse().unwrap_or(0)
+    };
     let (mut next, mut remaining) = (String::new(), None);
     if limit > 0 && items.len() > limit {
         remaining = Some((items.len() - limit) as u64);

@@ -12,6 +12,7 @@ use hyper::{
 };
 use hyper_util::rt::TokioIo;
 
+use crate::kproto::StatusDetails;
 use crate::upstream::{
     Cloud, UpstreamError,
     cloud::{AsWho, BodyError, ProxyBody},
@@ -224,10 +225,23 @@ pub async fn forward_upgrade(
 
 /// A Kubernetes Status error response.
 pub fn status(code: StatusCode, reason: &str, message: &str) -> Response<ProxyBody> {
-    let body = serde_json::json!({
+    status_about(code, reason, message, None)
+}
+
+/// A Kubernetes Status error about one object, with the `details` kube-apiserver gives.
+pub fn status_about(
+    code: StatusCode,
+    reason: &str,
+    message: &str,
+    about: Option<StatusDetails>,
+) -> Response<ProxyBody> {
+    let mut body = serde_json::json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
         "message": message, "reason": reason, "code": code.as_u16(),
     });
+    if let Some(d) = &about {
+        body["details"] = d.json();
+    }
     Response::builder()
         .status(code)
         .header(
@@ -237,6 +251,7 @@ pub fn status(code: StatusCode, reason: &str, message: &str) -> Response<ProxyBo
         .extension(OwnStatus {
             reason: reason.to_string(),
             message: message.to_string(),
+            about,
         })
         .body(full(serde_json::to_vec(&body).expect("json")))
         .expect("static response")
@@ -247,6 +262,7 @@ pub fn status(code: StatusCode, reason: &str, message: &str) -> Response<ProxyBo
 pub struct OwnStatus {
     reason: String,
     message: String,
+    about: Option<StatusDetails>,
 }
 
 /// The hub's own Status error in protobuf when the client asks for protobuf first, as
@@ -259,7 +275,8 @@ pub fn in_clients_encoding(resp: Response<ProxyBody>, protobuf_first: bool) -> R
         return resp;
     };
     let (mut parts, _) = resp.into_parts();
-    let body = crate::kproto::status(&own.reason, &own.message, u64::from(parts.status.as_u16()));
+    let code = u64::from(parts.status.as_u16());
+    let body = crate::kproto::status(&own.reason, &own.message, code, own.about.as_ref());
     parts.headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/vnd.kubernetes.protobuf"),

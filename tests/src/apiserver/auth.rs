@@ -56,7 +56,8 @@ impl Auth {
 
     /// The identities test clusters use: token `pod-token` for the service account
     /// `default:app` (read pods, logs, configmaps, services, endpoints, endpointslices in
-    /// `default`; write configmaps and exec there), and the group `system:nodes` (anything).
+    /// `default`; write configmaps and exec there), and for the group `system:nodes` what
+    /// deploy/hub.yaml grants on top of the Node authorizer (see `node_authz`).
     pub fn add_test_identities(&mut self) {
         let app = "system:serviceaccount:default:app";
         self.add_token("pod-token", app, &["system:serviceaccounts"]);
@@ -80,7 +81,13 @@ impl Auth {
             &["configmaps", "pods/exec"],
             &["default"],
         ));
-        self.allow(Rule::new("system:nodes", &["*"], &["*"], &["*"]));
+        // deploy/hub.yaml's hub:pool-leader: the pool-scope reads beyond the Node authorizer.
+        self.allow(Rule::new(
+            "system:nodes",
+            &["get", "list", "watch"],
+            &["services", "endpoints", "endpointslices"],
+            &["*"],
+        ));
     }
 
     pub fn add_token(&mut self, token: &str, user: &str, groups: &[&str]) {

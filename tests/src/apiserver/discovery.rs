@@ -169,16 +169,16 @@ pub fn aggregated(core: bool) -> Value {
 pub fn access_review(state: &State, user: &User, body: &Value) -> hyper::Response<Body> {
     let a = &body["spec"]["resourceAttributes"];
     let verb = a["verb"].as_str().unwrap_or("");
-    let mut resource = a["resource"].as_str().unwrap_or("").to_string();
-    if let Some(sub) = a["subresource"].as_str().filter(|s| !s.is_empty()) {
-        resource = format!("{resource}/{sub}");
-    }
-    let ns = a["namespace"].as_str().unwrap_or("");
-    let allowed = state
-        .auth
-        .read()
-        .unwrap()
-        .authorize(user, verb, &resource, ns);
+    let fields = Default::default();
+    let attributes = super::node_authz::Attributes {
+        verb,
+        resource: a["resource"].as_str().unwrap_or(""),
+        subresource: a["subresource"].as_str().filter(|s| !s.is_empty()),
+        namespace: a["namespace"].as_str().unwrap_or(""),
+        name: a["name"].as_str().filter(|s| !s.is_empty()),
+        fields: &fields,
+    };
+    let allowed = state.authorize(user, &attributes).is_ok();
     let mut out = body.clone();
     // As kube-apiserver answers: metadata set, and a denial without a reason when no RBAC
     // rule matched (only an explicit deny carries one).

@@ -327,26 +327,40 @@ fn verb_of(method: &Method, t: &Target, q: &HashMap<String, String>) -> &'static
     }
 }
 
-fn forbidden(user: &User, verb: &str, r: &Resource, sub: Option<&str>, ns: &str) -> Response<Body> {
-    let resource = match sub {
+/// kube-apiserver's Forbidden Status: the object's name when the request had one, and
+/// the authorizer's reason after the rule it failed.
+fn forbidden(
+    user: &User,
+    a: &super::node_authz::Attributes,
+    r: &Resource,
+    reason: Option<String>,
+) -> Response<Body> {
+    let resource = match a.subresource {
         Some(s) => format!("{}/{s}", r.name),
         None => r.name.to_string(),
     };
-    let scope = if ns.is_empty() {
+    let scope = if a.namespace.is_empty() {
         "at the cluster scope".to_string()
     } else {
-        format!("in the namespace \"{ns}\"")
+        format!("in the namespace \"{}\"", a.namespace)
     };
+    let subject = match a.name {
+        Some(name) => format!("{} \"{name}\"", r.group_resource()),
+        None => r.group_resource(),
+    };
+    let reason = reason.map(|r| format!(": {r}")).unwrap_or_default();
+    let mut details = json!({"kind": r.name, "group": r.group});
+    if let Some(name) = a.name {
+        details["name"] = json!(name);
+    }
     status_error(
         StatusCode::FORBIDDEN,
         "Forbidden",
         &format!(
-            "{} is forbidden: User \"{}\" cannot {verb} resource \"{resource}\" in API group \"{}\" {scope}",
-            r.group_resource(),
-            user.name,
-            r.group
+            "{subject} is forbidden: User \"{}\" cannot {} resource \"{resource}\" in API group \"{}\" {scope}{reason}",
+            user.name, a.verb, r.group
         ),
-        Some(json!({"kind": r.name, "group": r.group})),
+        Some(details),
     )
 }
 
@@ -387,13 +401,25 @@ pub async fn resource_request(
         ("create", Some("exec" | "attach")) | ("get", Some("exec" | "attach")) => "create",
         (v, _) => v,
     };
-    if !state.auth.read().unwrap().authorize(
-        &user,
-        authz_verb,
-        &sub.map_or(r.name.to_string(), |s| format!("{}/{s}", r.name)),
-        &ns,
-    ) {
-        return forbidden(&user, authz_verb, r, sub, &ns);
+    // As kube-apiserver's request info: a selector that does not parse is left out of
+    // authorization (the handler refuses it), and list/watch of one object by
+    // metadata.name carries that name.
+    let fields = FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str), r.kind)
+        .unwrap_or_default();
+    let name = match verb {
+        "list" | "watch" => fields.equals("metadata.name"),
+        _ => target.name.as_deref(),
+    };
+    let attributes = super::node_authz::Attributes {
+        verb: authz_verb,
+        resource: r.name,
+        subresource: sub,
+        namespace: &ns,
+        name,
+        fields: &fields,
+    };
+    if let Err(reason) = state.authorize(&user, &attributes) {
+        return forbidden(&user, &attributes, r, reason);
     }
     let accept = req
         .headers()
@@ -426,7 +452,12 @@ pub async fn resource_request(
         ("get", Some("log")) => super::stream::logs(&state, &target, &q).await,
         (_, Some("exec" | "attach")) => super::stream::exec(req, &target).await,
         ("watch", _) => super::watch::watch(state, target, q, format).await,
-        ("list", _) => list(&state, &target, &q, format),
+        // Built off the runtime's workers, so a large list never keeps the server from
+        // answering PINGs and other requests (kube-apiserver's handlers run beside its
+        // HTTP/2 framer, not on it).
+        ("list", _) => tokio::task::spawn_blocking(move || list(&state, &target, &q, format))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())),
         ("get", _) => get(&state, &target, format),
         ("create", _) => {
             let body = match object_body(req, &target).await {
@@ -600,10 +631,20 @@ fn list(state: &State, t: &Target, q: &HashMap<String, String>, format: Format) 
         Ok(s) => s,
         Err(e) => return e,
     };
-    let limit: usize = match q.get("limit").map(|l| l.parse()) {
+    let mut limit: usize = match q.get("limit").map(|l| l.parse()) {
         Some(Ok(l)) => l,
         Some(Err(_)) => return bad_request("limit must be a non-negative integer"),
         None => 0,
+    };
+    let exact_rv = match list_resource_version(state, q) {
+        Ok(ListFrom::Latest) => None,
+        // The watch cache answers, whole: kube-apiserver 1.32 ignores limit there.
+        Ok(ListFrom::WatchCache) => {
+            limit = 0;
+            None
+        }
+        Ok(ListFrom::Exactly(rv)) => Some(rv),
+        Err(e) => return e,
     };
     let (at_rv, start) = match q.get("continue").filter(|c| !c.is_empty()) {
         Some(token) => match decode_continue(token) {
@@ -617,7 +658,7 @@ fn list(state: &State, t: &Target, q: &HashMap<String, String>, format: Format) 
             ),
             None => return bad_request("continue key is not valid: malformed token"),
         },
-        None => (None, None),
+        None => (exact_rv, None),
     };
     let page = match state.store.list(
         t.resource,
@@ -628,6 +669,14 @@ fn list(state: &State, t: &Target, q: &HashMap<String, String>, format: Format) 
         |o| labels.matches(o) && fields.matches(o),
     ) {
         Ok(p) => p,
+        Err(StoreError::Gone { .. }) if start.is_none() => {
+            return status_error(
+                StatusCode::GONE,
+                "Expired",
+                "The resourceVersion for the provided list is too old.",
+                None,
+            );
+        }
         Err(StoreError::Gone { .. }) => {
             let mut status = status_value(
                 StatusCode::GONE,
@@ -670,6 +719,73 @@ fn list(state: &State, t: &Target, q: &HashMap<String, String>, format: Format) 
         StatusCode::OK,
         &json!({"kind": format!("{}List", r.kind), "apiVersion": r.api_version(), "metadata": meta, "items": items}),
     )
+}
+
+/// Where a list is read from, by its `resourceVersion` and `resourceVersionMatch`.
+enum ListFrom {
+    /// Unset, or not older than a version reached: the newest state.
+    Latest,
+    /// `0`: the watch cache, whatever its version.
+    WatchCache,
+    /// `resourceVersionMatch=Exact`: the state at that version.
+    Exactly(u64),
+}
+
+fn list_resource_version(
+    state: &State,
+    q: &HashMap<String, String>,
+) -> Result<ListFrom, Response<Body>> {
+    let rv = q.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let matching = q
+        .get("resourceVersionMatch")
+        .map(String::as_str)
+        .unwrap_or("");
+    let invalid = |message: &str| {
+        status_error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            &format!("ListOptions.meta.k8s.io \"\" is invalid: {message}"),
+            Some(json!({"group": "meta.k8s.io", "kind": "ListOptions"})),
+        )
+    };
+    if rv.is_empty() {
+        return if matching.is_empty() {
+            Ok(ListFrom::Latest)
+        } else {
+            Err(invalid(
+                "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+            ))
+        };
+    }
+    let Ok(version) = rv.parse::<u64>() else {
+        return Err(status_error(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            &format!("invalid resource version: {rv}"),
+            None,
+        ));
+    };
+    let current = state.store.current_rv();
+    match matching {
+        "Exact" if version == 0 => Err(invalid(
+            "resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+        )),
+        "" | "NotOlderThan" | "Exact" if version > current => Err(status_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            "Timeout",
+            &format!("Too large resource version: {version}, current: {current}"),
+            Some(
+                json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}),
+            ),
+        )),
+        "" | "NotOlderThan" if version == 0 => Ok(ListFrom::WatchCache),
+        // With a limit, kube-apiserver 1.32 reads these from etcd, newest state, in pages.
+        "" | "NotOlderThan" => Ok(ListFrom::Latest),
+        "Exact" => Ok(ListFrom::Exactly(version)),
+        other => Err(invalid(&format!(
+            "resourceVersionMatch: Unsupported value: \"{other}\": supported values: \"Exact\", \"NotOlderThan\", \"\""
+        ))),
+    }
 }
 
 fn protobuf_response(body: Vec<u8>) -> Response<Body> {

@@ -11,6 +11,7 @@ pub mod client;
 pub mod discovery;
 pub mod faults;
 pub mod http;
+pub mod node_authz;
 pub mod patch;
 pub mod proto;
 pub mod protobuf;
@@ -103,6 +104,29 @@ pub struct State {
     pub faults: Faults,
     pub options: Options,
     pub url: String,
+}
+
+impl State {
+    /// kube-apiserver's `Node,RBAC` chain: the Node authorizer for node identities, then
+    /// the RBAC rules. A refusal carries the Node authorizer's reason, when it gave one.
+    pub fn authorize(&self, user: &User, a: &node_authz::Attributes) -> Result<(), Option<String>> {
+        let reason =
+            match node_authz::node_of(user).map(|node| node_authz::decide(&self.store, node, a)) {
+                Some(node_authz::Decision::Allow) => return Ok(()),
+                Some(node_authz::Decision::NoOpinion(reason)) => reason,
+                None => None,
+            };
+        let resource = match a.subresource {
+            Some(sub) => format!("{}/{sub}", a.resource),
+            None => a.resource.to_string(),
+        };
+        let rbac = self.auth.read().unwrap();
+        if rbac.authorize(user, a.verb, &resource, a.namespace) {
+            Ok(())
+        } else {
+            Err(reason)
+        }
+    }
 }
 
 /// The admin token every stand-in accepts (user `admin`, group `system:masters`).

@@ -69,7 +69,36 @@ pub fn node(store: &Store, name: &str) {
     );
 }
 
+/// A running pod bound to `node`, with the service-account volume every pod gets (which
+/// is what lets its node read `kube-root-ca.crt`).
 pub fn pod(store: &Store, ns: &str, name: &str, node: &str, app: &str) {
+    pod_mounting(store, ns, name, node, app, &[], &[]);
+}
+
+/// A running pod that also mounts these ConfigMaps and Secrets as volumes.
+pub fn pod_mounting(
+    store: &Store,
+    ns: &str,
+    name: &str,
+    node: &str,
+    app: &str,
+    configmaps: &[&str],
+    secrets: &[&str],
+) {
+    let mut volumes = vec![json!({"name": "kube-api-access", "projected": {"sources": [
+        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}
+    ]}})];
+    volumes.extend(
+        configmaps
+            .iter()
+            .map(|cm| json!({"name": format!("cm-{cm}"), "configMap": {"name": cm}})),
+    );
+    volumes.extend(
+        secrets
+            .iter()
+            .map(|s| json!({"name": format!("secret-{s}"), "secret": {"secretName": s}})),
+    );
     put(
         store,
         "pods",
@@ -77,7 +106,8 @@ pub fn pod(store: &Store, ns: &str, name: &str, node: &str, app: &str) {
         ns,
         json!({
             "metadata": {"name": name, "labels": {"app": app}},
-            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.local/app:1", "resources": {}}]},
+            "spec": {"nodeName": node, "serviceAccountName": "default", "volumes": volumes,
+                     "containers": [{"name": "main", "image": "registry.local/app:1", "resources": {}}]},
             "status": {
                 "phase": "Running",
                 "conditions": [{"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}],

@@ -160,6 +160,14 @@ impl FieldSelector {
         Ok(FieldSelector(out))
     }
 
+    /// The value `field` must equal, when the selector requires one.
+    pub fn equals(&self, field: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(f, eq, _)| *eq && f == field)
+            .map(|(_, _, v)| v.as_str())
+    }
+
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|(field, eq, want)| {
             let mut v = obj;
