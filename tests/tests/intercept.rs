@@ -268,6 +268,79 @@ fn a_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts() {
     );
 }
 
+/// The same for a client in a pod with its own network namespace: its socket is only
+/// visible from inside that namespace, and the hub ends it there.
+#[test]
+fn a_pods_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts() {
+    use std::io::{BufRead, BufReader, Write};
+    if !privileged::check(
+        "a_pods_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts",
+    ) {
+        return;
+    }
+    let node = Netns::new("kn");
+    let pod = Netns::new("kp");
+    let cg = Cgroup::new("kp");
+    // The VIP is an address this test assigned in the node namespace.
+    node.add_local_address("169.254.21.1/32");
+    node.veth_to(
+        &pod,
+        ("vkn0", "169.254.31.1/30"),
+        ("vkp0", "169.254.31.2/30"),
+    );
+    pod.ip(&["route", "add", "169.254.0.0/16", "via", "169.254.31.1"]);
+    let vip = "169.254.21.1:443";
+    let _up = upstream(&node, &[vip]);
+    let mut cmd = pod.command(hub_tests::probe_bin());
+    cmd.args(["hold", "--to", vip, "--cgroup"])
+        .arg(cg.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    /// The client, ended on every exit path.
+    struct Client(std::process::Child);
+    impl Drop for Client {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut client = Client(cmd.spawn().expect("hub-probe hold"));
+    let mut out = BufReader::new(client.0.stdout.take().unwrap());
+    let mut next = || -> Value {
+        let mut line = String::new();
+        out.read_line(&mut line).expect("hub-probe output");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    };
+    let held = next();
+    assert_eq!(held["direct"], true, "no hub yet: {held}");
+
+    let vips = [vip];
+    let mut s = spec(&cg, &vips);
+    let cloud = format!("http://{vip}");
+    let clouds = [cloud.as_str()];
+    s.cloud = &clouds;
+    s.hub_address = "169.254.2.1";
+    let hub = HubProc::start(&node, &s, None);
+    let status = hub.status();
+    assert_eq!(
+        status["bypass"]["ended_at_start"],
+        1,
+        "{}\n{}",
+        status["bypass"],
+        hub.log()
+    );
+    assert_eq!(status["bypass"]["now"], 0, "{}", status["bypass"]);
+    let stdin = client.0.stdin.as_mut().unwrap();
+    writeln!(stdin, "next").unwrap();
+    stdin.flush().unwrap();
+    let after = next();
+    assert_eq!(after["reconnected"], true, "{after}");
+    assert_eq!(
+        after["direct"], false,
+        "the next request goes through the hub: {after}"
+    );
+}
+
 /// f: a client in a separate "pod" namespace, joined to the node by a veth, reaches the
 /// hub on the hub address 169.254.2.1, not 127.0.0.1. The test does not assign that
 /// address: the hub makes it local itself (hub0, or `lo:hub` where the kernel has no dummy

@@ -8,7 +8,8 @@
 //! `SOCK_DESTROY`, as `ss -K` does; Linux with CONFIG_INET_DIAG_DESTROY): an established
 //! TCP socket whose peer is a VIP, not carrying the hub's own mark, from a cgroup under
 //! the one the programs are attached to. Its owner sees the connection aborted and
-//! connects again — through the hub now. Only the hub's network namespace is searched.
+//! connects again — through the hub now. The hub's network namespace is searched, and
+//! each other namespace a process of those cgroups lives in (pods with their own network).
 use std::{
     collections::HashSet,
     io,
@@ -241,9 +242,10 @@ fn cgroup_ids(root: &Path) -> HashSet<u64> {
     ids
 }
 
-/// Established connections from a cgroup under `cgroup` to one of `vips` that are not
-/// the hub's own (marked `bypass_mark`): they reach the apiserver without the hub.
-fn find(vips: &[SocketAddr], cgroup: &Path, bypass_mark: u32) -> io::Result<Vec<Found>> {
+/// Established connections, in the calling thread's network namespace, from a cgroup in
+/// `under` to one of `vips` that are not the hub's own (marked `bypass_mark`): they reach
+/// the apiserver without the hub.
+fn find(vips: &[SocketAddr], under: &HashSet<u64>, bypass_mark: u32) -> io::Result<Vec<Found>> {
     let normal = |a: SocketAddr| match a.ip() {
         IpAddr::V6(v6) => v6
             .to_ipv4_mapped()
@@ -251,7 +253,6 @@ fn find(vips: &[SocketAddr], cgroup: &Path, bypass_mark: u32) -> io::Result<Vec<
         IpAddr::V4(_) => a,
     };
     let vips: HashSet<SocketAddr> = vips.iter().copied().map(normal).collect();
-    let under = cgroup_ids(cgroup);
     Ok(established()?
         .into_iter()
         .filter(|f| vips.contains(&normal(f.peer)))
@@ -262,15 +263,21 @@ fn find(vips: &[SocketAddr], cgroup: &Path, bypass_mark: u32) -> io::Result<Vec<
 
 /// How many connections bypass the hub now (for `hub status`).
 pub fn count(vips: &[SocketAddr], cgroup: &Path, bypass_mark: u32) -> io::Result<usize> {
-    Ok(find(vips, cgroup, bypass_mark)?.len())
+    let under = cgroup_ids(cgroup);
+    in_each_namespace(cgroup, || Ok(find(vips, &under, bypass_mark)?.len()))
 }
 
 /// Ends every connection that bypasses the hub; returns how many were ended.
 pub fn end(vips: &[SocketAddr], cgroup: &Path, bypass_mark: u32) -> io::Result<usize> {
-    let found = find(vips, cgroup, bypass_mark)?;
+    let under = cgroup_ids(cgroup);
+    in_each_namespace(cgroup, || end_here(&find(vips, &under, bypass_mark)?))
+}
+
+/// Ends the `found` sockets of the calling thread's network namespace.
+fn end_here(found: &[Found]) -> io::Result<usize> {
     let fd = netlink()?;
     let mut ended = 0;
-    for f in &found {
+    for f in found {
         let req = Request {
             family: f.family,
             protocol: libc::IPPROTO_TCP as u8,
@@ -292,6 +299,70 @@ pub fn end(vips: &[SocketAddr], cgroup: &Path, bypass_mark: u32) -> io::Result<u
         }
     }
     Ok(ended)
+}
+
+/// A network namespace's identity: the device and inode of its `ns/net` file.
+fn namespace_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// One `/proc/<pid>/ns/net` for each network namespace that a process in a cgroup at or
+/// under `root` lives in, other than the calling thread's own: a pod's sockets are only
+/// visible from inside its namespace.
+fn other_namespaces(root: &Path) -> Vec<std::path::PathBuf> {
+    let own = namespace_id(Path::new("/proc/thread-self/ns/net"));
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines().filter(|l| !l.is_empty()) {
+            let path = std::path::PathBuf::from(format!("/proc/{pid}/ns/net"));
+            // A process that exited meanwhile has nothing left to end.
+            let Some(id) = namespace_id(&path) else {
+                continue;
+            };
+            if Some(id) != own && seen.insert(id) {
+                out.push(path);
+            }
+        }
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+/// Runs `work` in the hub's network namespace and then, on a short-lived thread that
+/// joins it (setns affects only that thread), in each other namespace the intercepted
+/// processes use; returns the sum.
+fn in_each_namespace(
+    cgroup: &Path,
+    work: impl Fn() -> io::Result<usize> + Sync,
+) -> io::Result<usize> {
+    let mut total = work()?;
+    for path in other_namespaces(cgroup) {
+        total += std::thread::scope(|scope| {
+            scope
+                .spawn(|| -> io::Result<usize> {
+                    let Ok(file) = std::fs::File::open(&path) else {
+                        return Ok(0); // gone meanwhile
+                    };
+                    // SAFETY: setns(2) on a namespace file we hold open; it changes only
+                    // this thread, which ends when the work is done.
+                    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    work()
+                })
+                .join()
+                .map_err(|_| io::Error::other("a namespace's search panicked"))?
+        })?;
+    }
+    Ok(total)
 }
 
 #[cfg(test)]
