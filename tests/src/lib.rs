@@ -5,6 +5,7 @@ pub mod cgroup;
 pub mod cloud;
 pub mod etcd;
 pub mod hub;
+pub mod kubelet_trace;
 pub mod netns;
 pub mod pool_net;
 pub mod ports;

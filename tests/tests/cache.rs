@@ -941,7 +941,9 @@ fn kubelet_informer_lists(node: &str) -> Vec<String> {
 /// and event writes) with the cloud up, with it down, and after an offline hub restart.
 /// Offline, every list is the one the cloud gave for that exact request (kept fresh by its
 /// watch), of its proper kind — never empty, never a 400 for a selector kube-apiserver
-/// accepts — and every write gets what kubelet needs to carry on.
+/// accepts — and every write gets what kubelet needs to carry on. The calls it makes are
+/// checked against the recorded kubelet's call shapes (tests/fixtures/wire/kubelet-1.32):
+/// none it does not make, and every one it does.
 #[test]
 fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
     let s = Setup::new(&["kubelet"]);
@@ -981,6 +983,9 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
     let rc = serde_json::json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
         "metadata": {"name": "runc"}, "handler": "runc"});
     create("/apis/node.k8s.io/v1/runtimeclasses", &rc);
+    let csinode = serde_json::json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+        "metadata": {"name": node}, "spec": {"drivers": []}});
+    create("/apis/storage.k8s.io/v1/csinodes", &csinode);
     let lease = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": node, "namespace": "kube-node-lease"},
         "spec": {"holderIdentity": node, "leaseDurationSeconds": 40}});
@@ -1003,11 +1008,33 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
         ),
         ("Accept-Encoding", "gzip"),
     ];
+    // Every call made, to check against the recorded kubelet's call shapes at the end.
+    let made = std::cell::RefCell::new(Vec::<(String, String)>::new());
     let call = |method: &str, path: &str, extra: &[(&str, &str)], body: &[u8]| {
+        made.borrow_mut()
+            .push((method.to_string(), path.to_string()));
         let h: Vec<(&str, &str)> = headers.iter().chain(extra).copied().collect();
         kubelet
             .request(method, path, &h, body)
             .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    };
+    // The informers' watches, from the resourceVersion of their list, as kubelet opens them
+    // (the pods' informer sends no `timeout`).
+    let informer_watch = |list: &str, rv: u64| {
+        let (path, query) = list.split_once('?').unwrap();
+        let selector = query
+            .split('&')
+            .find(|p| p.starts_with("fieldSelector="))
+            .map(|p| format!("&{p}"))
+            .unwrap_or_default();
+        let timeout = if path == "/api/v1/pods" {
+            ""
+        } else {
+            "&timeout=7m33s"
+        };
+        format!(
+            "{path}?allowWatchBookmarks=true{selector}&resourceVersion={rv}{timeout}&timeoutSeconds=1&watch=true"
+        )
     };
     // 1. Cloud up: every informer lists, then watches from its list's resourceVersion.
     let lists = kubelet_informer_lists(node);
@@ -1025,16 +1052,33 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
     // A pod bound after the list reaches the node only through the pod watch.
     let rv = store.current_rv();
     seed::pod(store, "ns1", "late", node, "web");
-    let pods_watch = format!(
-        "/api/v1/pods?allowWatchBookmarks=true&fieldSelector=spec.nodeName%3D{node}&resourceVersion={rv}&timeoutSeconds=1&watch=true"
-    );
-    assert_eq!(call("GET", &pods_watch, &[], &[]).status, 200);
+    for list in &lists {
+        let r = call("GET", &informer_watch(list, rv), &[], &[]);
+        assert_eq!(r.status, 200, "{list}");
+    }
     online[4].1.insert("late".into());
+    let csinode_path = format!("/apis/storage.k8s.io/v1/csinodes/{node}");
+    for path in [
+        format!("{csinode_path}?resourceVersion=0"),
+        csinode_path.clone(),
+    ] {
+        assert_eq!(call("GET", &path, &[], &[]).status, 200, "{path}");
+    }
+    // kubelet reads each of its pods once it starts them.
+    for pod in &online[4].1 {
+        let r = call(
+            "GET",
+            &format!("/api/v1/namespaces/ns1/pods/{pod}"),
+            &[],
+            &[],
+        );
+        assert_eq!(r.status, 200, "{pod}");
+    }
     let node_pb = call("GET", &format!("/api/v1/nodes/{node}"), &[], &[]);
     assert_eq!(node_pb.status, 200);
     let lease_path =
         format!("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}");
-    let lease_pb = call("GET", &lease_path, &[], &[]);
+    let lease_pb = call("GET", &format!("{lease_path}?timeout=10s"), &[], &[]);
     assert_eq!(lease_pb.status, 200);
     let register = |body: &[u8]| {
         call(
@@ -1136,16 +1180,44 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
             assert_eq!(r.status, 200, "{round}: {path}: {text}");
             assert_eq!(&list_answer(&r), want, "{round}: {path}");
         }
-        let pods = call(
-            "GET",
-            &format!(
-                "/api/v1/pods?fieldSelector=spec.nodeName%3D{node}&watch=true&timeoutSeconds=1"
-            ),
-            &[],
-            &[],
-        );
+        let pods = call("GET", &informer_watch(&lists[4], 0), &[], &[]);
         let (_, added) = protobuf_watch_pods(&pods.body);
         assert_eq!(added, online[4].1, "{round}: the offline pod watch");
+        // Every informer's watch is served (from the version its list had), and every
+        // object kubelet read once.
+        for list in &lists {
+            let r = call("GET", &informer_watch(list, rv), &[], &[]);
+            assert_eq!(
+                r.status,
+                200,
+                "{round}: {list}: {}",
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+        for path in [
+            format!("{csinode_path}?resourceVersion=0"),
+            csinode_path.clone(),
+        ] {
+            let r = call("GET", &path, &[], &[]);
+            assert_eq!(r.status, 200, "{round}: {path}");
+        }
+        for pod in &online[4].1 {
+            let r = call(
+                "GET",
+                &format!("/api/v1/namespaces/ns1/pods/{pod}"),
+                &[],
+                &[],
+            );
+            assert_eq!(r.status, 200, "{round}: {pod}");
+            assert_eq!(protobuf_object_name(&r.body), *pod, "{round}");
+        }
+        let pod_status = call(
+            "PATCH",
+            "/api/v1/namespaces/ns1/pods/p-1/status",
+            &[("Content-Type", "application/strategic-merge-patch+json")],
+            br#"{"status":{"conditions":[{"type":"Ready","status":"True"}]}}"#,
+        );
+        assert_eq!(pod_status.status, 200, "{round}: pod status");
         // The pod's token: the one the cloud issued for that binding, never a new one;
         // none for a binding the cloud never saw.
         let again = ask_token("p-1");
@@ -1238,6 +1310,46 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
         names.contains("p-1.10") && names.contains("p-1.15"),
         "{names:?}"
     );
+
+    // The client made exactly the recorded kubelet's kinds of call, and every one of them.
+    let shapes = hub_tests::kubelet_trace::recorded();
+    let made = made.into_inner();
+    let unrecorded: Vec<String> = made
+        .iter()
+        .filter(|(m, p)| hub_tests::kubelet_trace::shape_of(&shapes, m, p).is_none())
+        .map(|(m, p)| format!("{m} {p}"))
+        .collect();
+    assert!(
+        unrecorded.is_empty(),
+        "calls kubelet does not make: {unrecorded:#?}"
+    );
+    let used: BTreeSet<_> = made
+        .iter()
+        .filter_map(|(m, p)| hub_tests::kubelet_trace::shape_of(&shapes, m, p))
+        .collect();
+    let missing: Vec<String> = shapes
+        .iter()
+        .filter(|s| !used.contains(s))
+        .map(|s| s.to_string())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "recorded calls never made: {missing:#?}"
+    );
+}
+
+/// The name of a protobuf object answer, read by k8s-pb.
+fn protobuf_object_name(body: &[u8]) -> String {
+    use k8s_pb::apimachinery::pkg::{apis::meta::v1::ObjectMeta, runtime::Unknown};
+    use prost::Message;
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct AnyObject {
+        #[prost(message, optional, tag = "1")]
+        metadata: Option<ObjectMeta>,
+    }
+    let u = Unknown::decode(body.strip_prefix(b"k8s\0").expect("protobuf")).unwrap();
+    let o = AnyObject::decode(u.raw.unwrap().as_slice()).unwrap();
+    o.metadata.unwrap().name.unwrap()
 }
 
 /// Cached objects are inspected through an owner-only socket, not the admin TCP port any
