@@ -9,6 +9,7 @@ pub mod bypass;
 pub mod discover;
 pub mod netdev;
 pub mod origin;
+pub mod sock_diag;
 pub mod status;
 mod sys;
 
