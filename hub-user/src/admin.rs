@@ -14,6 +14,7 @@ use tokio::{
 
 use crate::{
     cache::inspect,
+    proxy::peer::{Peer, PodCgroups},
     state::{HubState, StatusReport},
 };
 
@@ -129,10 +130,12 @@ fn cache_route(state: &HubState, req: &Request<Incoming>) -> Response<Full<Bytes
     }
 }
 
-/// Serves the admin endpoints until `shutdown` turns true.
+/// Serves the admin endpoints until `shutdown` turns true; a pod calling from its cgroup
+/// is refused (it has no business with the node agent's status).
 pub async fn serve(
     listener: TcpListener,
     state: Arc<HubState>,
+    pods: PodCgroups,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -140,12 +143,31 @@ pub async fn serve(
             r = listener.accept() => r,
             _ = shutdown.wait_for(|stop| *stop) => return,
         };
-        let Ok((stream, _)) = accepted else {
+        let Ok((stream, peer)) = accepted else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        spawn_http(stream, state.clone(), route);
+        let (state, pods) = (state.clone(), pods.clone());
+        tokio::spawn(async move {
+            let from_pod = match stream.local_addr() {
+                Ok(local) => {
+                    tokio::task::spawn_blocking(move || Peer::of(local, peer, &pods) == Peer::Pod)
+                        .await
+                        .unwrap_or(true)
+                }
+                Err(_) => true,
+            };
+            spawn_http(stream, state, if from_pod { refused } else { route });
+        });
     }
+}
+
+fn refused(_: &HubState, _: &Request<Incoming>) -> Response<Full<Bytes>> {
+    respond(
+        StatusCode::FORBIDDEN,
+        "text/plain",
+        "hub: the admin port does not answer pods\n",
+    )
 }
 
 /// Serves one HTTP/1.1 connection with `route` in a task of its own.

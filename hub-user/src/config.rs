@@ -79,6 +79,11 @@ pub struct InterceptConfig {
     /// The cgroup v2 directory the programs attach to (every process below it is covered).
     #[serde(default = "default_cgroup_path")]
     pub cgroup_path: PathBuf,
+    /// The cgroup the node's pods live under. Connections from below it reach the hub
+    /// only through a VIP, and never speak as the node. Unset: kubelet's defaults under
+    /// the cgroup mount, `kubepods.slice` (systemd driver) and `kubepods` (cgroupfs).
+    #[serde(default)]
+    pub pods_cgroup_path: Option<PathBuf>,
     /// Where redirected IPv4 connections land; must be reachable from pod namespaces.
     #[serde(default = "default_hub_address")]
     pub hub_address: IpAddr,
@@ -253,6 +258,7 @@ impl Default for InterceptConfig {
         InterceptConfig {
             enabled: true,
             cgroup_path: default_cgroup_path(),
+            pods_cgroup_path: None,
             hub_address: default_hub_address(),
             hub_address6: None,
             vips: vec![],
@@ -450,6 +456,17 @@ impl Config {
         }
         if !self.intercept.cgroup_path.is_absolute() {
             return Err(invalid("intercept.cgroupPath", "must be an absolute path"));
+        }
+        if self
+            .intercept
+            .pods_cgroup_path
+            .as_ref()
+            .is_some_and(|p| !p.is_absolute())
+        {
+            return Err(invalid(
+                "intercept.podsCgroupPath",
+                "must be an absolute path",
+            ));
         }
         if !self.cache.dir.is_absolute() {
             return Err(invalid("cache.dir", "must be an absolute path"));

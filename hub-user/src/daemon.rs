@@ -250,7 +250,16 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
     ));
 
     let admin_listener = bind(config.listen.admin).await?;
-    tokio::spawn(admin::serve(admin_listener, state.clone(), stop_rx.clone()));
+    let pods = crate::proxy::peer::PodCgroups::new(
+        config.intercept.pods_cgroup_path.as_deref(),
+        &config.intercept.cgroup_path,
+    );
+    tokio::spawn(admin::serve(
+        admin_listener,
+        state.clone(),
+        pods.clone(),
+        stop_rx.clone(),
+    ));
 
     // The cache opens before any listener, so the first request can already be answered
     // from it (an offline start answers from a warm cache at once).
@@ -319,6 +328,7 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
             state: state.clone(),
             pool_scope: config.coordinator.pool_scope_resources.clone(),
             origins,
+            pods: pods.clone(),
             cache: cache.clone(),
             pool: pool.clone(),
         })

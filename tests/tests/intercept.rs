@@ -341,6 +341,106 @@ fn a_pods_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts
     );
 }
 
+/// Who may speak as the node: on the plain listener only root outside the pods' cgroups
+/// (uid 1000 gets a 403); a process in the pods' cgroup is refused on every port of the
+/// hub's own (plain, TLS, admin) and served as itself, with its token, through the VIP.
+#[test]
+fn only_root_outside_the_pods_cgroups_speaks_as_the_node() {
+    if !privileged::check("only_root_outside_the_pods_cgroups_speaks_as_the_node") {
+        return;
+    }
+    let ns = Netns::new("nr");
+    let pods = Cgroup::new("nr");
+    let dir = hub_tests::TempDir::new("nr");
+    let cloud = "127.0.0.1:16443";
+    let mut cmd = ns.command(hub_tests::bin_dir().join("hub-apiserver"));
+    cmd.args(["--listen", cloud, "--nodes", "1", "--pods-per-node", "2"])
+        .args(["--hub-pki", "test-node", "--dir"])
+        .arg(dir.path());
+    let _standin = hub_tests::process::Proc::spawn_until_line(
+        cmd,
+        "hub-apiserver",
+        "ready",
+        Duration::from_secs(10),
+    );
+    let d = dir.path().display();
+    let p = pods.path().display();
+    let hub = HubProc::start_yaml(Some(&ns), "127.0.0.1:10267", None, |pin, cache| {
+        format!(
+            "nodeName: test-node\ncloud:\n  servers: [\"https://{cloud}\"]\n  caFile: {d}/ca.crt\n  certFile: {d}/hub-node.crt\n  keyFile: {d}/hub-node.key\nintercept:\n  cgroupPath: {p}\n  podsCgroupPath: {p}\n  hubAddress: 127.0.0.1\n  vips: [\"{cloud}\"]\n  pinPath: {}\ntls:\n  certFile: {d}/hub-serving.crt\n  keyFile: {d}/hub-serving.key\n  clientCaFile: {d}/ca.crt\nlisten:\n  proxy: 127.0.0.1:10261\n  tlsProxy: 127.0.0.1:10268\ncache:\n  dir: {}\n",
+            pin.display(),
+            cache.display()
+        )
+    });
+    // One curl: (HTTP code, body). `as_user` runs it as that uid, `in_pods` in the pods'
+    // cgroup.
+    let curl = |url: &str, as_user: Option<u32>, in_pods: bool, token: Option<&str>| {
+        let mut c = match as_user {
+            Some(uid) => {
+                let mut c = ns.command("setpriv");
+                c.args([
+                    format!("--reuid={uid}"),
+                    format!("--regid={uid}"),
+                    "--clear-groups".into(),
+                    "curl".into(),
+                ]);
+                c
+            }
+            None => ns.command("curl"),
+        };
+        c.args(["-s", "-m", "10", "-w", "\n%{http_code}", "--cacert"])
+            .arg(dir.path().join("ca.crt"));
+        if let Some(t) = token {
+            c.args(["-H", &format!("Authorization: Bearer {t}")]);
+        }
+        c.arg(url);
+        if in_pods {
+            hub_tests::process::in_cgroup(&mut c, &pods.procs_file());
+        }
+        let out = process::output(c, "curl");
+        let (body, code) = out.rsplit_once('\n').unwrap_or(("", &out));
+        (code.to_string(), body.to_string())
+    };
+    let plain = "http://127.0.0.1:10261/api/v1/nodes";
+    // Root outside the pods' cgroups: the node (the cloud lets a node list nodes).
+    let (code, body) = curl(plain, None, false, None);
+    assert_eq!(code, "200", "{body}\n{}", hub.log());
+    // Another user on the node: refused by the hub, naming the rule.
+    let (code, body) = curl(plain, Some(1000), false, None);
+    assert_eq!(code, "403", "{body}");
+    assert!(
+        body.contains("only for root on the node") && body.contains("uid 1000"),
+        "{body}"
+    );
+    // A process in the pods' cgroup, on each of the hub's own ports: refused.
+    let (code, body) = curl(plain, None, true, None);
+    assert_eq!(code, "403", "{body}");
+    assert!(
+        body.contains("only through the apiserver address"),
+        "{body}"
+    );
+    let tls = "https://127.0.0.1:10268/api/v1/namespaces/default/pods";
+    let (code, body) = curl(tls, None, true, Some("pod-token"));
+    assert_eq!(code, "403", "{body}");
+    let (code, body) = curl("http://127.0.0.1:10267/healthz", None, true, None);
+    assert_eq!(code, "403", "{body}");
+    assert_eq!(
+        curl("http://127.0.0.1:10267/healthz", None, false, None).0,
+        "200"
+    );
+    // The same process through the VIP: served as itself, with its own token.
+    let vip = format!("https://{cloud}/api/v1/namespaces/default/pods");
+    let (code, body) = curl(&vip, None, true, Some("pod-token"));
+    assert_eq!(code, "200", "{body}");
+    let (code, _) = curl(
+        &format!("https://{cloud}/api/v1/nodes"),
+        None,
+        true,
+        Some("pod-token"),
+    );
+    assert_eq!(code, "403", "the pod's token, not the node's identity");
+}
+
 /// f: a client in a separate "pod" namespace, joined to the node by a veth, reaches the
 /// hub on the hub address 169.254.2.1, not 127.0.0.1. The test does not assign that
 /// address: the hub makes it local itself (hub0, or `lo:hub` where the kernel has no dummy

@@ -4,6 +4,7 @@
 //! local cache; what none can answer truthfully gets a clear 503 Status.
 pub mod coalesce;
 pub mod forward;
+pub mod peer;
 pub mod request;
 pub mod serving;
 
@@ -69,6 +70,8 @@ struct Conn {
     cert: Option<(String, Vec<String>)>,
     /// The client's cgroup, when interception recorded where the connection came from.
     cgroup_id: u64,
+    /// Who is calling, for a connection that did not come through a VIP redirect.
+    peer: Option<peer::Peer>,
     /// (component, cache component key) of the last User-Agent seen.
     component: Memo<Option<HeaderValue>, (&'static str, String)>,
     /// The cache credential of the last Authorization header seen.
@@ -101,6 +104,8 @@ pub struct Proxy {
     pub state: Arc<HubState>,
     pub pool_scope: Vec<String>,
     pub origins: Option<Arc<dyn OriginLookup>>,
+    /// Where the pods' cgroups are, to tell a pod calling the hub's own ports.
+    pub pods: peer::PodCgroups,
     pub cache: Option<Arc<Cache>>,
     pub pool: Option<Arc<Pool>>,
 }
@@ -149,11 +154,24 @@ impl Proxy {
                     // Intercepted connections are listed (with their origin) while open.
                     let state = me.state.clone();
                     let _open = record.as_ref().map(|r| state.connection_opened(r));
+                    // A connection the eBPF programs redirected carries its origin; any
+                    // other is looked up (off the runtime: it walks the pods' cgroups).
+                    let peer_of = match (origin, tcp.local_addr()) {
+                        (None, Ok(local)) => {
+                            let pods = me.pods.clone();
+                            tokio::task::spawn_blocking(move || peer::Peer::of(local, peer, &pods))
+                                .await
+                                .ok()
+                        }
+                        (None, Err(_)) => Some(peer::Peer::Elsewhere),
+                        (Some(_), _) => None,
+                    };
                     let conn = Conn {
                         id: next_id,
                         listener: kind,
                         cert: None,
                         cgroup_id: origin.map_or(0, |o| o.cgroup_id),
+                        peer: peer_of,
                         component: Memo::default(),
                         credential: Memo::default(),
                     };
@@ -223,17 +241,28 @@ impl Proxy {
     /// Who the hub speaks as towards the cloud; Err says why a client certificate is not
     /// this node's, which gets a 401. As kube-apiserver does, a client certificate counts
     /// before a bearer token; only `CN=system:node:<nodeName>, O=system:nodes` is the node.
-    fn identity(&self, req: &Request<Incoming>, conn: &Conn) -> Result<AsWho, String> {
+    fn identity(
+        &self,
+        req: &Request<Incoming>,
+        conn: &Conn,
+    ) -> Result<AsWho, Box<Response<ProxyBody>>> {
+        let unauthorized = |why: String| {
+            Box::new(status(
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized",
+                &format!("hub: {why}"),
+            ))
+        };
         if let Some((cn, orgs)) = &conn.cert {
             let node = format!("system:node:{}", self.node_name);
             return if *cn != node {
-                Err(format!(
+                Err(unauthorized(format!(
                     "client certificate {cn:?} is not this node's identity ({node})"
-                ))
+                )))
             } else if !orgs.iter().any(|o| o == "system:nodes") {
-                Err(format!(
+                Err(unauthorized(format!(
                     "client certificate {cn:?} lacks O=system:nodes: it is not a node credential"
-                ))
+                )))
             } else {
                 Ok(AsWho::Node)
             };
@@ -241,11 +270,32 @@ impl Proxy {
         if req.headers().contains_key(header::AUTHORIZATION) {
             return Ok(AsWho::Caller);
         }
-        // Explicitly configured local clients on the plain listener act as the node, as
-        // with YurtHub's 10261; anyone else without credentials stays anonymous.
-        Ok(match conn.listener {
-            Listener::Plain => AsWho::Node,
-            _ => AsWho::Caller,
+        // The plain listener speaks as the node, as YurtHub's 10261 does, but only for
+        // root on the node outside the pods' cgroups; anyone else without credentials on
+        // the other listeners stays anonymous.
+        match (conn.listener, conn.peer) {
+            (Listener::Plain, Some(p)) if p.is_node_root() => Ok(AsWho::Node),
+            (Listener::Plain, p) => Err(Box::new(status(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                &format!(
+                    "hub: the plain listener speaks as the node only for root on the node, outside the pods' cgroups; this is {}",
+                    p.map_or("a redirected pod connection".to_string(), |p| p.to_string())
+                ),
+            ))),
+            _ => Ok(AsWho::Caller),
+        }
+    }
+
+    /// A pod reaches the hub only through an apiserver VIP; on any of the hub's own ports
+    /// it is refused.
+    fn refuse_pods(&self, conn: &Conn) -> Option<Response<ProxyBody>> {
+        (conn.peer == Some(peer::Peer::Pod)).then(|| {
+            status(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                "hub: a pod reaches the hub only through the apiserver address (a VIP), not on the hub's own ports",
+            )
         })
     }
 
@@ -263,16 +313,14 @@ impl Proxy {
             let ua = user_agent.and_then(|v| v.to_str().ok()).unwrap_or("");
             (component(ua), cache::component_key(ua, conn.cgroup_id))
         });
-        let who = match self.identity(&req, conn) {
+        let who = match self
+            .refuse_pods(conn)
+            .map_or_else(|| self.identity(&req, conn), |r| Err(Box::new(r)))
+        {
             Ok(w) => w,
-            Err(why) => {
-                let resp = status(
-                    StatusCode::UNAUTHORIZED,
-                    "Unauthorized",
-                    &format!("hub: {why}"),
-                );
+            Err(resp) => {
                 self.record(Route::Cloud, &info, component, resp.status(), started);
-                return resp;
+                return *resp;
             }
         };
         let inputs = route::Inputs {

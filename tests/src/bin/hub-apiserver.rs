@@ -11,7 +11,7 @@
 //! for every node given — and accepts two test identities:
 //! token `pod-token` (user system:serviceaccount:default:app, may get/list/watch pods, logs,
 //! configmaps, services, endpoints and endpointslices in default, write configmaps
-//! and exec into pods there) and the group system:nodes (may do anything).
+//! and exec into pods there) and node identities what the Node authorizer gives them.
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use hub_tests::apiserver::{Options, StandIn, seed};
