@@ -4,6 +4,7 @@ pub mod apiserver;
 pub mod cgroup;
 pub mod cloud;
 pub mod etcd;
+pub mod fuzz;
 pub mod hub;
 pub mod kubelet_trace;
 pub mod netns;

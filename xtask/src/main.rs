@@ -23,7 +23,9 @@ commands:
   demo         the system end to end on this machine, in throwaway namespaces (root);
                --step pauses between steps
   bench WHAT   release-build benchmarks as ratios against direct, same run
-               (WHAT: intercept, proxy, cache, coordinator, pool, pool-scale); --rounds N";
+               (WHAT: intercept, proxy, cache, coordinator, pool, pool-scale); --rounds N
+  fuzz         mutate recorded inputs through every parser that takes outside bytes
+               (hub-fuzz); --seconds N in all (default 60), --seed S; fails on a finding";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -32,6 +34,7 @@ fn main() {
         Some("test") => test(args.iter().any(|a| a == "--no-lint")),
         Some("lint") => lint(),
         Some("bench") => bench_cmd(&args[1..]),
+        Some("fuzz") => build_bins().and_then(|()| fuzz(&args[1..])),
         Some("demo") => build_bins().and_then(|()| demo::run(args.iter().any(|a| a == "--step"))),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
@@ -194,8 +197,16 @@ fn test(no_lint: bool) -> Result<()> {
         bail!("no privileged test ran");
     }
     eprintln!("xtask: {ran} privileged tests ran, none skipped");
+    fuzz(&["--seconds".into(), "60".into()])?;
     eprintln!("xtask: running the demo (its every step is checked)");
     demo::run(false)
+}
+
+/// The fuzz round: `hub-fuzz` with these arguments; its findings fail the task.
+fn fuzz(args: &[String]) -> Result<()> {
+    let mut fuzz = Command::new(root().join("target/debug/hub-fuzz"));
+    fuzz.args(args).current_dir(root());
+    run(fuzz, "hub-fuzz (every parser of outside bytes)")
 }
 
 /// Says whether the committed eBPF object matches the one this build compiled.

@@ -103,7 +103,7 @@ impl ObjectKey {
         ])
     }
 
-    fn decode(b: &[u8]) -> Option<ObjectKey> {
+    pub fn decode(b: &[u8]) -> Option<ObjectKey> {
         let s = std::str::from_utf8(b).ok()?;
         let mut p = s.split('\0');
         let k = ObjectKey {
@@ -342,7 +342,7 @@ impl ListMeta {
         v
     }
 
-    fn decode(b: &[u8]) -> Option<ListMeta> {
+    pub fn decode(b: &[u8]) -> Option<ListMeta> {
         let text = std::str::from_utf8(b.get(9..)?).ok()?;
         let mut parts = text.split('\0');
         let labels = parts.next().unwrap_or_default().to_string();
