@@ -34,18 +34,20 @@ pub enum CertError {
     Cloud(String),
 }
 
-/// Where a managed serving certificate lives.
+/// A managed serving certificate: where it lives, and the lifetime asked for it.
 pub struct Managed {
     pub cert: PathBuf,
     pub key: PathBuf,
+    pub lifetime: Duration,
 }
 
 impl Managed {
-    pub fn under(cache_dir: &Path) -> Managed {
+    pub fn under(cache_dir: &Path, lifetime: Duration) -> Managed {
         let dir = cache_dir.join("pki");
         Managed {
             cert: dir.join("hub-serving.crt"),
             key: dir.join("hub-serving.key"),
+            lifetime,
         }
     }
 
@@ -158,6 +160,8 @@ pub async fn request(
             "request": base64::engine::general_purpose::STANDARD.encode(csr_pem),
             "signerName": SIGNER,
             "usages": ["digital signature", "key encipherment", "server auth"],
+            // Short-lived: a leaked key is good only until then (the signer may shorten it).
+            "expirationSeconds": managed.lifetime.as_secs().max(600),
         }
     });
     let base = "/apis/certificates.k8s.io/v1/certificatesigningrequests";

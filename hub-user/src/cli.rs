@@ -1,4 +1,4 @@
-//! The command line: `hub run | status | bpf status | uninstall`.
+//! The command line: `hub run | status | cache | bpf status | approver | uninstall`.
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -44,6 +44,11 @@ enum Command {
         #[command(subcommand)]
         command: BpfCommand,
     },
+    /// Run in the cloud: approve nodes' kubelet-serving CSRs whose every name and address
+    /// is one that node's hub needs (its Node addresses, the hub addresses, the apiserver's
+    /// in-cluster names, the kubernetes Service IPs and VIPs); deny the rest with the reason
+    /// on the CSR. Reaches the apiserver in-cluster by default.
+    Approver(ApproverArgs),
     /// Detach every program the hub attached, remove every pin it made and the hub address
     /// holder it created (hub0, or lo:hub addresses). Safe to run twice.
     Uninstall {
@@ -74,6 +79,40 @@ struct CacheWhere {
     /// Only objects cached for this component (kubelet, kube-proxy, ...).
     #[arg(long)]
     component: Option<String>,
+}
+
+#[derive(Args)]
+struct ApproverArgs {
+    /// The apiserver (default: the in-cluster address from KUBERNETES_SERVICE_HOST/PORT).
+    #[arg(long)]
+    server: Option<String>,
+    /// CA of the apiserver's certificate.
+    #[arg(
+        long,
+        default_value = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    )]
+    ca_file: PathBuf,
+    /// Bearer token of the approver's service account.
+    #[arg(
+        long,
+        default_value = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    )]
+    token_file: PathBuf,
+    /// The hubs' address (intercept.hubAddress); repeat for hubAddress6.
+    #[arg(long = "hub-address", default_value = "169.254.2.1")]
+    hub_addresses: Vec<std::net::IpAddr>,
+    /// A VIP beyond the kubernetes Service's cluster IPs; repeatable.
+    #[arg(long = "vip")]
+    vips: Vec<std::net::IpAddr>,
+    /// The cluster's DNS domain, for kubernetes.default.svc.<domain>.
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// Seconds between looks at pending CSRs.
+    #[arg(long, default_value_t = 5)]
+    interval: u64,
+    /// One pass, then exit (prints how many were approved and denied).
+    #[arg(long)]
+    once: bool,
 }
 
 #[derive(Subcommand)]
@@ -163,6 +202,10 @@ pub fn main() -> ExitCode {
                     Output::Text => intercept::status::render(&s),
                 }),
         ),
+        Command::Approver(args) => {
+            init_tracing("info");
+            with_runtime(approver(args))
+        }
         Command::Uninstall { pin_path } => print_result(
             intercept::uninstall(&pin_path)
                 .map(|u| {
@@ -177,6 +220,40 @@ pub fn main() -> ExitCode {
                 .map_err(|e| format!("uninstall: {e}")),
         ),
     }
+}
+
+async fn approver(args: ApproverArgs) -> Result<String, String> {
+    use crate::approver::{Connection, Policy, run};
+    let server = match args.server {
+        Some(s) => s,
+        None => {
+            let env =
+                |k: &str| std::env::var(k).map_err(|_| format!("{k} is not set: give --server"));
+            let host = env("KUBERNETES_SERVICE_HOST")?;
+            let host = if host.contains(':') {
+                format!("[{host}]")
+            } else {
+                host
+            };
+            format!("https://{host}:{}", env("KUBERNETES_SERVICE_PORT")?)
+        }
+    };
+    let connection = Connection {
+        server,
+        ca_file: args.ca_file,
+        token_file: args.token_file,
+    };
+    let policy = Policy {
+        hub_addresses: args.hub_addresses,
+        names: Policy::in_cluster_names(&args.cluster_domain),
+        vips: args.vips,
+    };
+    let every = std::time::Duration::from_secs(args.interval.max(1));
+    let pass = run(connection, policy, every, args.once).await?;
+    Ok(format!(
+        "approved {}, denied {}",
+        pass.approved, pass.denied
+    ))
 }
 
 /// `hub cache ls|get`: the store file if it can be opened, else the running hub.

@@ -122,12 +122,31 @@ pub struct ListenConfig {
     pub proxy_gives_node_identity_to_the_network: bool,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TlsConfig {
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
     pub client_ca_file: Option<PathBuf>,
+    /// Lifetime asked for a serving certificate the hub requests itself (no certFile);
+    /// renewed when 80 % of it has passed.
+    #[serde(default = "default_serving_certificate_seconds")]
+    pub serving_certificate_seconds: u64,
+}
+
+fn default_serving_certificate_seconds() -> u64 {
+    24 * 3600
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            cert_file: None,
+            key_file: None,
+            client_ca_file: None,
+            serving_certificate_seconds: default_serving_certificate_seconds(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -194,7 +194,10 @@ async fn serving_tls(
     let (cert, key) = match (&config.tls.cert_file, &config.tls.key_file) {
         (Some(c), Some(k)) => (c.clone(), k.clone()),
         _ if cloud.has_node_identity() => {
-            let managed = certs::Managed::under(&config.cache.dir);
+            let managed = certs::Managed::under(
+                &config.cache.dir,
+                Duration::from_secs(config.tls.serving_certificate_seconds),
+            );
             let sans = serving_sans(config, vips);
             state.set_intercept(InterceptState::Starting);
             certs::ensure(cloud, &config.node_name, &sans, &managed).await;

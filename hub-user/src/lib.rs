@@ -1,6 +1,7 @@
 //! hub: the node agent between a node's clients and the cloud kube-apiserver.
 //! One module per concern; `main.rs` only parses the command line.
 pub mod admin;
+pub mod approver;
 pub mod cache;
 pub mod certs;
 pub mod cli;

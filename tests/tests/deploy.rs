@@ -106,6 +106,8 @@ fn manifests_pass_a_server_side_dry_run() {
         .arg(deploy("hub.yaml"))
         .arg("-f")
         .arg(deploy("coordinator-etcd.yaml"))
+        .arg("-f")
+        .arg(deploy("approver.yaml"))
         .env("KUBECONFIG", &kc)
         .output()
         .unwrap();
@@ -121,6 +123,8 @@ fn manifests_pass_a_server_side_dry_run() {
         "clusterrole.rbac.authorization.k8s.io/hub:pool-leader",
         "clusterrolebinding.rbac.authorization.k8s.io/hub:pool-leader",
         "configmap/hub-config",
+        "deployment.apps/hub-approver",
+        "clusterrole.rbac.authorization.k8s.io/hub:approver",
     ] {
         assert!(stdout.contains(what), "{what} missing from:\n{stdout}");
     }

@@ -24,7 +24,7 @@ use hub_tests::{
     },
     hub::{HubProc, LoopbackHub as HubConfig},
     ports::free_port,
-    wait_for,
+    process, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -777,6 +777,8 @@ fn serving_certificate_by_csr_and_offline_restart() {
         .unwrap()
         .allow(Rule::new("system:nodes", &["*"], &["*"], &["*"]));
     let dir = TempDir::new("csr");
+    let approver_files = approver_identity(&cloud, dir.path());
+    seed::node(&cloud.state.store, NODE);
     let pki = ca.write_hub_pki(dir.path(), NODE, &[]).unwrap();
     let cache = dir.path().join("cache");
     let (tls_port, plain_port, admin_port) = (free_port(), free_port(), free_port());
@@ -792,36 +794,27 @@ fn serving_certificate_by_csr_and_offline_restart() {
     };
     let admin = config.admin.clone();
     let yaml = |_: &Path, _: &Path| config.yaml(&cache);
-    // An approver, as a cluster operator (or an approver controller) would be.
-    let approver = Client::new(cloud.addr, ca.cert_der(), Some(ADMIN_TOKEN), None);
-    let approved = std::thread::scope(|scope| {
-        let approving = scope.spawn(|| {
-            let csr = wait_for("the hub's CSR", Duration::from_secs(10), || {
-                let list = approver
-                    .get("/apis/certificates.k8s.io/v1/certificatesigningrequests")
-                    .json();
-                list["items"].as_array()?.first().cloned()
-            });
-            assert_eq!(csr["spec"]["signerName"], "kubernetes.io/kubelet-serving");
-            let name = csr["metadata"]["name"].as_str().unwrap().to_string();
-            let mut a = csr.clone();
-            a["apiVersion"] = json!("certificates.k8s.io/v1");
-            a["kind"] = json!("CertificateSigningRequest");
-            a["status"]["conditions"] =
-                json!([{"type": "Approved", "status": "True", "reason": "Test", "message": "ok"}]);
-            let r = approver.send_json(
-                "PUT",
-                &format!("/apis/certificates.k8s.io/v1/certificatesigningrequests/{name}/approval"),
-                &a,
-            );
-            assert_eq!(r.status, 200);
-            name
-        });
-        let hub = HubProc::start_yaml(None, &admin, None, yaml);
-        let name = approving.join().unwrap();
-        (hub, name)
-    });
-    let (hub, csr_name) = approved;
+    // `hub approver`, as it runs in the cloud, approves the hub's CSR: every name in it is
+    // one the node's hub needs.
+    let mut approver = Command::new(hub_tests::hub_bin());
+    approver
+        .args(["approver", "--interval", "1", "--server", &cloud.url()])
+        .args(approver_files.args());
+    let approver = hub_tests::process::Proc::spawn(approver, "hub approver");
+    let hub = HubProc::start_yaml(None, &admin, None, yaml);
+    drop(approver);
+    let csrs = Client::new(cloud.addr, ca.cert_der(), Some(ADMIN_TOKEN), None)
+        .get("/apis/certificates.k8s.io/v1/certificatesigningrequests")
+        .json();
+    let csr = &csrs["items"][0];
+    let approved = &csr["status"]["conditions"][0];
+    assert_eq!(
+        (&approved["type"], &approved["reason"]),
+        (&json!("Approved"), &json!("HubApproverApproved")),
+        "{csr}"
+    );
+    let csr_name = csr["metadata"]["name"].as_str().unwrap().to_string();
+
     let audit = cloud.audit();
     assert!(audit.iter().any(|a| a.method == "POST"
         && a.path.contains("certificatesigningrequests")
@@ -835,6 +828,9 @@ fn serving_certificate_by_csr_and_offline_restart() {
     let served = c.peer_certificate().unwrap();
     let (cn, _) = hub::x509::subject_cn_and_orgs(&served).unwrap();
     assert_eq!(cn, "system:node:node-0");
+    // Short-lived, as asked (24 h; the stand-in backdates a minute as signers do).
+    let (from, to) = hub::x509::validity(&served).unwrap();
+    assert!(to - from <= 24 * 3600 + 60, "lifetime {} s", to - from);
     assert_eq!(
         c.get("/api/v1/pods").status,
         200,
@@ -861,6 +857,126 @@ fn serving_certificate_by_csr_and_offline_restart() {
     let _hub = HubProc::start_yaml(None, &admin, None, yaml);
     eprintln!("offline restart ready after {:?}", started.elapsed());
     assert_eq!(c.peer_certificate().unwrap(), served);
+}
+
+/// The files `hub approver` reaches the stand-in with: its CA and the token of a service
+/// account with the RBAC deploy/approver.yaml grants.
+struct ApproverFiles {
+    ca: std::path::PathBuf,
+    token: std::path::PathBuf,
+}
+
+impl ApproverFiles {
+    fn args(&self) -> Vec<std::ffi::OsString> {
+        vec![
+            "--ca-file".into(),
+            self.ca.clone().into(),
+            "--token-file".into(),
+            self.token.clone().into(),
+        ]
+    }
+}
+
+fn approver_identity(cloud: &StandIn, dir: &Path) -> ApproverFiles {
+    let user = "system:serviceaccount:kube-system:hub-approver";
+    {
+        let mut auth = cloud.state.auth.write().unwrap();
+        auth.add_token("approver-token", user, &["system:serviceaccounts"]);
+        let csrs = "certificatesigningrequests";
+        auth.allow(Rule::new(user, &["get", "list", "watch"], &[csrs], &[""]));
+        auth.allow(Rule::new(
+            user,
+            &["update"],
+            &["certificatesigningrequests/approval"],
+            &[""],
+        ));
+        auth.allow(Rule::new(user, &["get"], &["nodes"], &[""]));
+        auth.allow(Rule::new(user, &["get"], &["services"], &["default"]));
+    }
+    let files = ApproverFiles {
+        ca: dir.join("approver-ca.crt"),
+        token: dir.join("approver-token"),
+    };
+    std::fs::write(&files.ca, cloud.ca.cert_pem()).unwrap();
+    std::fs::write(&files.token, "approver-token\n").unwrap();
+    files
+}
+
+/// `hub approver` denies a node's serving CSR with a name its hub does not need, and one
+/// for another node's identity, with the reason on the CSR; nothing is signed for them.
+#[test]
+fn the_approver_denies_names_a_nodes_hub_does_not_need() {
+    let cloud = StandIn::start("127.0.0.1:0".parse().unwrap(), Options::default()).unwrap();
+    cloud.state.auth.write().unwrap().add_test_identities();
+    let dir = TempDir::new("approver");
+    let files = approver_identity(&cloud, dir.path());
+    seed::node(&cloud.state.store, "edge-1");
+    let node = cloud.ca.client("system:node:edge-1", Some("system:nodes"));
+    let kubelet = Client::new(cloud.addr, cloud.ca.cert_der(), None, Some(&node));
+    let ask = |cn: &str, sans: &[&str]| -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params =
+            rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:nodes");
+        let pem = params.serialize_request(&key).unwrap().pem().unwrap();
+        use base64::Engine;
+        let body = json!({"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+            "metadata": {"generateName": "t-"},
+            "spec": {"request": base64::engine::general_purpose::STANDARD.encode(pem),
+                     "signerName": "kubernetes.io/kubelet-serving",
+                     "usages": ["digital signature", "key encipherment", "server auth"]}});
+        let r = kubelet.send_json(
+            "POST",
+            "/apis/certificates.k8s.io/v1/certificatesigningrequests",
+            &body,
+        );
+        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+        r.json()["metadata"]["name"].as_str().unwrap().to_string()
+    };
+    let hub_names = [
+        "kubernetes.default.svc",
+        "localhost",
+        "127.0.0.1",
+        "169.254.2.1",
+    ];
+    let good = ask("system:node:edge-1", &hub_names);
+    let extra = ask(
+        "system:node:edge-1",
+        &[&hub_names[..], &["apiserver.example.com"]].concat(),
+    );
+    let other = ask("system:node:edge-2", &hub_names);
+    let mut approver = Command::new(hub_tests::hub_bin());
+    approver
+        .args(["approver", "--once", "--server", &cloud.url()])
+        .args(files.args());
+    let out = process::output(approver, "hub approver --once");
+    assert_eq!(out.trim(), "approved 1, denied 2");
+    let admin = Client::new(cloud.addr, cloud.ca.cert_der(), Some(ADMIN_TOKEN), None);
+    let csr = |name: &str| {
+        admin
+            .get(&format!(
+                "/apis/certificates.k8s.io/v1/certificatesigningrequests/{name}"
+            ))
+            .json()
+    };
+    assert!(csr(&good)["status"]["certificate"].is_string());
+    for (name, why) in [
+        (&extra, "apiserver.example.com"),
+        (&other, "system:node:edge-2"),
+    ] {
+        let c = csr(name);
+        let denied = &c["status"]["conditions"][0];
+        assert_eq!(denied["type"], "Denied", "{c}");
+        assert!(denied["message"].as_str().unwrap().contains(why), "{c}");
+        assert!(c["status"]["certificate"].is_null());
+    }
 }
 
 /// A scenario that runs against a real kube-apiserver when HUB_TEST_APISERVER is set (the

@@ -79,7 +79,12 @@ fn sign(state: &State, key: Key) {
         })
         .and_then(|mut params| {
             let now = time::now_unix() as i64;
+            // spec.expirationSeconds shortens the signer's lifetime, never below 10 min.
+            let asked = csr["spec"]["expirationSeconds"]
+                .as_i64()
+                .map(|s| s.max(600));
             let life = state.options.csr_cert_lifetime.as_secs() as i64;
+            let life = asked.map_or(life, |a| a.min(life));
             params.params.not_before =
                 ::time::OffsetDateTime::from_unix_timestamp(now - (life / 10).min(60))
                     .map_err(|e| e.to_string())?;
