@@ -11,9 +11,7 @@
 //! of a TLS server.
 use std::{collections::BTreeSet, net::IpAddr, path::PathBuf, sync::Arc, time::Duration};
 
-use bytes::Bytes;
-use http_body_util::BodyExt;
-use hyper::{Method, Request};
+use hyper::Method;
 use rcgen::{CertificateSigningRequestParams, DnType, DnValue, SanType};
 use serde_json::{Value, json};
 
@@ -184,32 +182,16 @@ impl Api {
         path: &str,
         body: Option<&Value>,
     ) -> Result<(u16, Value), String> {
-        let bytes = body.map_or_else(Bytes::new, |b| {
-            Bytes::from(serde_json::to_vec(b).expect("json"))
-        });
-        let (resp, _) = self
-            .cloud
-            .send(AsWho::Caller, |server| {
-                Request::builder()
-                    .method(method.clone())
-                    .uri(server.uri(path.parse().ok()?))
-                    .header("Content-Type", "application/json")
-                    .header("Accept", "application/json")
-                    .header("Authorization", format!("Bearer {}", self.token))
-                    .header("User-Agent", "hub/approver")
-                    .body(bytes.clone())
-                    .ok()
-            })
+        self.cloud
+            .json_call(
+                AsWho::Caller,
+                Some(&self.token),
+                "hub/approver",
+                method,
+                path,
+                body,
+            )
             .await
-            .map_err(|e| e.to_string())?;
-        let code = resp.status().as_u16();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        Ok((code, serde_json::from_slice(&body).unwrap_or(Value::Null)))
     }
 }
 

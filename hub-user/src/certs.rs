@@ -12,9 +12,7 @@ use std::{
 };
 
 use base64::Engine;
-use bytes::Bytes;
-use http_body_util::BodyExt;
-use hyper::{Method, Request};
+use hyper::Method;
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, SanType};
 use serde_json::{Value, json};
 
@@ -96,31 +94,10 @@ async fn call(
     path: &str,
     body: Option<&Value>,
 ) -> Result<(u16, Value), CertError> {
-    let bytes = body.map_or_else(Bytes::new, |b| {
-        Bytes::from(serde_json::to_vec(b).expect("json"))
-    });
-    let (resp, _) = cloud
-        .send(AsWho::Node, |server| {
-            Request::builder()
-                .method(method.clone())
-                .uri(server.uri(path.parse().ok()?))
-                .header("Content-Type", "application/json")
-                .header("Accept", "application/json")
-                .header("User-Agent", "hub/csr")
-                .body(bytes.clone())
-                .ok()
-        })
+    cloud
+        .json_call(AsWho::Node, None, "hub/csr", method, path, body)
         .await
-        .map_err(|e| CertError::Cloud(e.to_string()))?;
-    let code = resp.status().as_u16();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| CertError::Cloud(e.to_string()))?
-        .to_bytes();
-    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    Ok((code, value))
+        .map_err(CertError::Cloud)
 }
 
 /// Requests a serving certificate for `sans` and waits (up to `wait`) for the cloud to

@@ -1058,22 +1058,26 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
     }
     online[4].1.insert("late".into());
     let csinode_path = format!("/apis/storage.k8s.io/v1/csinodes/{node}");
-    for path in [
-        format!("{csinode_path}?resourceVersion=0"),
-        csinode_path.clone(),
-    ] {
-        assert_eq!(call("GET", &path, &[], &[]).status, 200, "{path}");
-    }
-    // kubelet reads each of its pods once it starts them.
-    for pod in &online[4].1 {
-        let r = call(
-            "GET",
-            &format!("/api/v1/namespaces/ns1/pods/{pod}"),
-            &[],
-            &[],
-        );
-        assert_eq!(r.status, 200, "{pod}");
-    }
+    // kubelet reads its CSINode, and each of its pods once it starts them.
+    let node_reads = |when: &str| {
+        for path in [
+            format!("{csinode_path}?resourceVersion=0"),
+            csinode_path.clone(),
+        ] {
+            assert_eq!(call("GET", &path, &[], &[]).status, 200, "{when}: {path}");
+        }
+        for pod in &online[4].1 {
+            let r = call(
+                "GET",
+                &format!("/api/v1/namespaces/ns1/pods/{pod}"),
+                &[],
+                &[],
+            );
+            assert_eq!(r.status, 200, "{when}: {pod}");
+            assert_eq!(protobuf_object_name(&r.body), *pod, "{when}");
+        }
+    };
+    node_reads("cloud up");
     let node_pb = call("GET", &format!("/api/v1/nodes/{node}"), &[], &[]);
     assert_eq!(node_pb.status, 200);
     let lease_path =
@@ -1194,23 +1198,7 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
                 String::from_utf8_lossy(&r.body)
             );
         }
-        for path in [
-            format!("{csinode_path}?resourceVersion=0"),
-            csinode_path.clone(),
-        ] {
-            let r = call("GET", &path, &[], &[]);
-            assert_eq!(r.status, 200, "{round}: {path}");
-        }
-        for pod in &online[4].1 {
-            let r = call(
-                "GET",
-                &format!("/api/v1/namespaces/ns1/pods/{pod}"),
-                &[],
-                &[],
-            );
-            assert_eq!(r.status, 200, "{round}: {pod}");
-            assert_eq!(protobuf_object_name(&r.body), *pod, "{round}");
-        }
+        node_reads(round);
         let pod_status = call(
             "PATCH",
             "/api/v1/namespaces/ns1/pods/p-1/status",

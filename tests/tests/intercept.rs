@@ -209,9 +209,53 @@ fn kill_9_fails_open_within_a_second() {
 /// A client that opened its keep-alive connection while the hub was not running reaches
 /// the apiserver directly (interception fails open). When the hub starts it ends that
 /// connection, and the client's next request goes through the hub.
+/// `hub-probe hold` in `ns` and `cgroup`: a client holding one keep-alive connection to
+/// `to`, ended on every exit path. It prints {"held", "direct"} at once, then a line per
+/// `next()`.
+struct HoldingClient {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl HoldingClient {
+    fn start(ns: &Netns, to: &str, cgroup: &Cgroup) -> HoldingClient {
+        let mut cmd = ns.command(hub_tests::probe_bin());
+        cmd.args(["hold", "--to", to, "--cgroup"])
+            .arg(cgroup.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("hub-probe hold");
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        HoldingClient { child, out }
+    }
+
+    /// Its next line of output.
+    fn line(&mut self) -> Value {
+        use std::io::BufRead;
+        let mut line = String::new();
+        self.out.read_line(&mut line).expect("hub-probe output");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    }
+
+    /// Asks for the next request on the held connection and returns what it saw.
+    fn next(&mut self) -> Value {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "next").unwrap();
+        stdin.flush().unwrap();
+        self.line()
+    }
+}
+
+impl Drop for HoldingClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[test]
 fn a_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts() {
-    use std::io::{BufRead, BufReader, Write};
     if !privileged::check(
         "a_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts",
     ) {
@@ -220,27 +264,8 @@ fn a_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts() {
     let ns = Netns::new("k");
     let cg = Cgroup::new("k");
     let _up = upstream(&ns, &[UPSTREAM]);
-    let mut cmd = ns.command(hub_tests::probe_bin());
-    cmd.args(["hold", "--to", UPSTREAM, "--cgroup"])
-        .arg(cg.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped());
-    /// The client, ended on every exit path.
-    struct Client(std::process::Child);
-    impl Drop for Client {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut client = Client(cmd.spawn().expect("hub-probe hold"));
-    let mut out = BufReader::new(client.0.stdout.take().unwrap());
-    let mut next = || -> Value {
-        let mut line = String::new();
-        out.read_line(&mut line).expect("hub-probe output");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
-    };
-    let held = next();
+    let mut client = HoldingClient::start(&ns, UPSTREAM, &cg);
+    let held = client.line();
     assert_eq!(held["direct"], true, "no hub yet: {held}");
 
     let hub = HubProc::start(&ns, &spec(&cg, &[UPSTREAM]), None);
@@ -251,10 +276,7 @@ fn a_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts() {
         status["bypass"]
     );
     assert_eq!(status["bypass"]["now"], 0, "{}", status["bypass"]);
-    let stdin = client.0.stdin.as_mut().unwrap();
-    writeln!(stdin, "next").unwrap();
-    stdin.flush().unwrap();
-    let after = next();
+    let after = client.next();
     assert_eq!(after["reconnected"], true, "{after}");
     assert_eq!(
         after["direct"], false,
@@ -272,7 +294,6 @@ fn a_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts() {
 /// visible from inside that namespace, and the hub ends it there.
 #[test]
 fn a_pods_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts() {
-    use std::io::{BufRead, BufReader, Write};
     if !privileged::check(
         "a_pods_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts",
     ) {
@@ -291,27 +312,8 @@ fn a_pods_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts
     pod.ip(&["route", "add", "169.254.0.0/16", "via", "169.254.31.1"]);
     let vip = "169.254.21.1:443";
     let _up = upstream(&node, &[vip]);
-    let mut cmd = pod.command(hub_tests::probe_bin());
-    cmd.args(["hold", "--to", vip, "--cgroup"])
-        .arg(cg.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped());
-    /// The client, ended on every exit path.
-    struct Client(std::process::Child);
-    impl Drop for Client {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut client = Client(cmd.spawn().expect("hub-probe hold"));
-    let mut out = BufReader::new(client.0.stdout.take().unwrap());
-    let mut next = || -> Value {
-        let mut line = String::new();
-        out.read_line(&mut line).expect("hub-probe output");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
-    };
-    let held = next();
+    let mut client = HoldingClient::start(&pod, vip, &cg);
+    let held = client.line();
     assert_eq!(held["direct"], true, "no hub yet: {held}");
 
     let vips = [vip];
@@ -330,10 +332,7 @@ fn a_pods_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts
         hub.log()
     );
     assert_eq!(status["bypass"]["now"], 0, "{}", status["bypass"]);
-    let stdin = client.0.stdin.as_mut().unwrap();
-    writeln!(stdin, "next").unwrap();
-    stdin.flush().unwrap();
-    let after = next();
+    let after = client.next();
     assert_eq!(after["reconnected"], true, "{after}");
     assert_eq!(
         after["direct"], false,

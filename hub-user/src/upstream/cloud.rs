@@ -478,6 +478,45 @@ impl Cloud {
 }
 
 impl Cloud {
+    /// A JSON request of the hub's own (CSRs, approvals): sent as `who`, with a bearer
+    /// `token` when given; the answer's status and body (Null when not JSON).
+    pub async fn json_call(
+        &self,
+        who: AsWho,
+        token: Option<&str>,
+        user_agent: &str,
+        method: hyper::Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<(u16, serde_json::Value), String> {
+        let bytes = body.map_or_else(Bytes::new, |b| {
+            Bytes::from(serde_json::to_vec(b).expect("json"))
+        });
+        let (resp, _) = self
+            .send(who, |server| {
+                let mut req = Request::builder()
+                    .method(method.clone())
+                    .uri(server.uri(path.parse().ok()?))
+                    .header("Content-Type", "application/json")
+                    .header("Accept", "application/json")
+                    .header("User-Agent", user_agent);
+                if let Some(t) = token {
+                    req = req.header("Authorization", format!("Bearer {t}"));
+                }
+                req.body(bytes.clone()).ok()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let code = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((code, serde_json::from_slice(&body).unwrap_or_default()))
+    }
+
     /// Says at INFO when the cloud as a whole becomes unreachable or reachable again (a
     /// server's fall alone is in `hub status`); returns the state now.
     fn log_transition(
