@@ -209,6 +209,21 @@ fn kill_9_fails_open_within_a_second() {
 /// A client that opened its keep-alive connection while the hub was not running reaches
 /// the apiserver directly (interception fails open). When the hub starts it ends that
 /// connection, and the client's next request goes through the hub.
+/// The API stand-in at `addr` in `ns` (one node, two pods), with the PKI of a hub for node
+/// `test-node` written to `dir`.
+fn cloud_in(ns: &Netns, addr: &str, dir: &std::path::Path) -> hub_tests::process::Proc {
+    let mut cmd = ns.command(hub_tests::bin_dir().join("hub-apiserver"));
+    cmd.args(["--listen", addr, "--nodes", "1", "--pods-per-node", "2"])
+        .args(["--hub-pki", "test-node", "--dir"])
+        .arg(dir);
+    hub_tests::process::Proc::spawn_until_line(
+        cmd,
+        "hub-apiserver",
+        "ready",
+        Duration::from_secs(10),
+    )
+}
+
 /// `hub-probe hold` in `ns` and `cgroup`: a client holding one keep-alive connection to
 /// `to`, ended on every exit path. It prints {"held", "direct"} at once, then a line per
 /// `next()`.
@@ -352,16 +367,7 @@ fn only_root_outside_the_pods_cgroups_speaks_as_the_node() {
     let pods = Cgroup::new("nr");
     let dir = hub_tests::TempDir::new("nr");
     let cloud = "127.0.0.1:16443";
-    let mut cmd = ns.command(hub_tests::bin_dir().join("hub-apiserver"));
-    cmd.args(["--listen", cloud, "--nodes", "1", "--pods-per-node", "2"])
-        .args(["--hub-pki", "test-node", "--dir"])
-        .arg(dir.path());
-    let _standin = hub_tests::process::Proc::spawn_until_line(
-        cmd,
-        "hub-apiserver",
-        "ready",
-        Duration::from_secs(10),
-    );
+    let _standin = cloud_in(&ns, cloud, dir.path());
     let d = dir.path().display();
     let p = pods.path().display();
     let hub = HubProc::start_yaml(Some(&ns), "127.0.0.1:10267", None, |pin, cache| {
@@ -570,25 +576,7 @@ fn kubectl_through_the_intercepted_vip_keeps_its_own_identity() {
     let cg = Cgroup::new("k");
     let dir = hub_tests::TempDir::new("kp");
     let cloud = "127.0.0.1:16443";
-    let mut cmd = ns.command(hub_tests::bin_dir().join("hub-apiserver"));
-    cmd.args([
-        "--listen",
-        cloud,
-        "--nodes",
-        "1",
-        "--pods-per-node",
-        "2",
-        "--hub-pki",
-        "test-node",
-        "--dir",
-    ])
-    .arg(dir.path());
-    let _standin = hub_tests::process::Proc::spawn_until_line(
-        cmd,
-        "hub-apiserver",
-        "ready",
-        Duration::from_secs(10),
-    );
+    let _standin = cloud_in(&ns, cloud, dir.path());
     let d = dir.path().display();
     let hub = HubProc::start_yaml(Some(&ns), "127.0.0.1:10267", None, |pin, cache| {
         format!(
