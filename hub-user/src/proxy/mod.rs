@@ -238,9 +238,10 @@ impl Proxy {
         let _ = builder.serve_connection_with_upgrades(io, service).await;
     }
 
-    /// Who the hub speaks as towards the cloud; Err says why a client certificate is not
-    /// this node's, which gets a 401. As kube-apiserver does, a client certificate counts
-    /// before a bearer token; only `CN=system:node:<nodeName>, O=system:nodes` is the node.
+    /// Who the hub speaks as towards the cloud, or the refusal to send: 401 for a client
+    /// certificate that is not this node's, 403 for a plain-listener caller that may not
+    /// speak as the node. As kube-apiserver does, a client certificate counts before a
+    /// bearer token; only `CN=system:node:<nodeName>, O=system:nodes` is the node.
     fn identity(
         &self,
         req: &Request<Incoming>,
