@@ -18,29 +18,14 @@ use std::{
     path::Path,
 };
 
-use super::sock_diag::{self, Socket};
+use super::{
+    cgroup_tree::cgroup_tree,
+    sock_diag::{self, Socket},
+};
 
-/// The ids of the cgroup at `root` and of every cgroup below it (cgroup v2: a cgroup's
-/// id is its directory's inode number).
+/// The ids of the cgroup at `root` and of every cgroup below it.
 fn cgroup_ids(root: &Path) -> HashSet<u64> {
-    use std::os::unix::fs::MetadataExt;
-    let mut ids = HashSet::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(meta) = std::fs::metadata(&dir) else {
-            continue;
-        };
-        ids.insert(meta.ino());
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                stack.push(e.path());
-            }
-        }
-    }
-    ids
+    cgroup_tree(root).into_iter().map(|(_, id)| id).collect()
 }
 
 /// Established connections, in the calling thread's network namespace, from a cgroup in
@@ -97,8 +82,7 @@ fn other_namespaces(root: &Path) -> Vec<std::path::PathBuf> {
     let own = namespace_id(Path::new("/proc/thread-self/ns/net"));
     let mut seen = HashSet::new();
     let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
+    for (dir, _) in cgroup_tree(root) {
         let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
         for pid in procs.lines().filter(|l| !l.is_empty()) {
             let path = std::path::PathBuf::from(format!("/proc/{pid}/ns/net"));
@@ -108,11 +92,6 @@ fn other_namespaces(root: &Path) -> Vec<std::path::PathBuf> {
             };
             if Some(id) != own && seen.insert(id) {
                 out.push(path);
-            }
-        }
-        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                stack.push(e.path());
             }
         }
     }

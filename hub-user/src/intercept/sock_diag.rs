@@ -280,11 +280,16 @@ pub fn established() -> io::Result<Vec<Socket>> {
     Ok(out)
 }
 
-/// The socket bound to `local` and connected to `peer` in the calling thread's network
-/// namespace — the other end of a connection the hub accepted, when it is local — or None.
-pub fn lookup(local: SocketAddr, peer: SocketAddr) -> io::Result<Option<Socket>> {
+/// Sends one request about the socket `id` and reads its single answer (`each` sees it);
+/// false when the kernel knows no such socket.
+fn about_one(
+    kind: u16,
+    flags: u16,
+    family: u8,
+    id: SockId,
+    each: impl FnMut(&[u8]),
+) -> io::Result<bool> {
     let fd = netlink()?;
-    let (family, id) = id_of(local, peer);
     let req = Request {
         family,
         protocol: libc::IPPROTO_TCP as u8,
@@ -292,37 +297,31 @@ pub fn lookup(local: SocketAddr, peer: SocketAddr) -> io::Result<Option<Socket>>
         id,
         ..Default::default()
     };
-    send(&fd, SOCK_DIAG_BY_FAMILY, libc::NLM_F_REQUEST as u16, &req)?;
-    let mut found = None;
-    match receive_until(&fd, true, |body| found = parse(family, body)) {
-        Ok(()) => Ok(found),
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+    send(&fd, kind, flags, &req)?;
+    match receive_until(&fd, true, each) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// The socket bound to `local` and connected to `peer` in the calling thread's network
+/// namespace — the other end of a connection the hub accepted, when it is local — or None.
+pub fn lookup(local: SocketAddr, peer: SocketAddr) -> io::Result<Option<Socket>> {
+    let (family, id) = id_of(local, peer);
+    let mut found = None;
+    let flags = libc::NLM_F_REQUEST as u16;
+    about_one(SOCK_DIAG_BY_FAMILY, flags, family, id, |body| {
+        found = parse(family, body)
+    })?;
+    Ok(found)
 }
 
 /// Ends `socket` (SOCK_DESTROY): its owner sees the connection aborted. False when it
 /// was gone already.
 pub fn destroy(socket: &Socket) -> io::Result<bool> {
-    let fd = netlink()?;
-    let req = Request {
-        family: socket.family,
-        protocol: libc::IPPROTO_TCP as u8,
-        states: u32::MAX,
-        id: socket.id,
-        ..Default::default()
-    };
-    send(
-        &fd,
-        SOCK_DESTROY,
-        (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16,
-        &req,
-    )?;
-    match receive(&fd, |_| {}) {
-        Ok(()) => Ok(true),
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
-        Err(e) => Err(e),
-    }
+    let flags = (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16;
+    about_one(SOCK_DESTROY, flags, socket.family, socket.id, |_| {})
 }
 
 #[cfg(test)]

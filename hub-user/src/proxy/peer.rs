@@ -8,7 +8,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::intercept::sock_diag;
+use crate::intercept::{cgroup_tree::cgroup_tree, sock_diag};
 
 /// Where the pods' cgroups are: the configured root, or kubelet's defaults under the
 /// cgroup mount — `kubepods.slice` (systemd driver) and `kubepods` (cgroupfs driver).
@@ -32,22 +32,9 @@ impl PodCgroups {
     /// Whether the cgroup with this id (cgroup v2: its directory's inode) is a pod's:
     /// a root above or one below it. Walked on each call, as pods come and go.
     pub fn contains(&self, cgroup_id: u64) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        let mut stack = self.roots.clone();
-        while let Some(dir) = stack.pop() {
-            let Ok(meta) = std::fs::metadata(&dir) else {
-                continue;
-            };
-            if meta.ino() == cgroup_id {
-                return true;
-            }
-            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    stack.push(e.path());
-                }
-            }
-        }
-        false
+        self.roots
+            .iter()
+            .any(|root| cgroup_tree(root).iter().any(|(_, id)| *id == cgroup_id))
     }
 }
 
