@@ -8,6 +8,11 @@
 //! coordinator healthy -> coordinator; on error fall through
 //! otherwise -> local cache
 //! ```
+//! With one refinement: once the cloud cannot answer, the node's own data (every resource
+//! that is not pool-scope) is read from the local cache before the coordinator. A hub
+//! pushes that data from its cache, a second or so later, and no other hub writes it: the
+//! coordinator's copy is never newer, and may be older — a pod whose deletion the node
+//! already passed on would come back. The coordinator answers what the cache lacks.
 //! Just after start, before any probe has reported, the cloud's health is unknown: reads
 //! the local cache can answer are answered from it first, so an offline restart answers
 //! at once instead of waiting for a frozen cloud to time out.
@@ -63,16 +68,20 @@ pub fn plan(i: Inputs) -> Vec<Route> {
             return vec![Coordinator, Cloud, LocalCache];
         }
         let mut p = vec![Cloud];
-        if i.coordinator_healthy {
-            p.push(Coordinator);
-        }
-        p.push(LocalCache);
+        p.extend(offline(i));
         return p;
     }
-    if i.coordinator_healthy {
-        return vec![Coordinator, LocalCache];
+    offline(i)
+}
+
+/// Where a read goes when the cloud cannot answer it.
+fn offline(i: Inputs) -> Vec<Route> {
+    use Route::*;
+    match (i.coordinator_healthy, i.pool_scope) {
+        (true, true) => vec![Coordinator, LocalCache],
+        (true, false) => vec![LocalCache, Coordinator],
+        (false, _) => vec![LocalCache],
     }
-    vec![LocalCache]
 }
 
 #[cfg(test)]
@@ -103,10 +112,11 @@ mod tests {
             plan(inputs(true, true, true, true)),
             vec![Cloud, Coordinator, LocalCache]
         );
-        // not pool-scope -> cloud, falling through to the coordinator, then the cache.
+        // not pool-scope -> cloud, falling through to the node's cache, then the
+        // coordinator (for what the cache lacks).
         assert_eq!(
             plan(inputs(true, true, false, false)),
-            vec![Cloud, Coordinator, LocalCache]
+            vec![Cloud, LocalCache, Coordinator]
         );
         // coordinator down -> cloud, then the cache.
         assert_eq!(
@@ -117,10 +127,11 @@ mod tests {
             plan(inputs(true, false, true, false)),
             vec![Cloud, LocalCache]
         );
-        // cloud down, coordinator up -> coordinator, then the cache, whatever the scope.
+        // cloud down, coordinator up -> pool-scope from the coordinator, the node's own
+        // data from its cache first.
         assert_eq!(
             plan(inputs(false, true, false, false)),
-            vec![Coordinator, LocalCache]
+            vec![LocalCache, Coordinator]
         );
         assert_eq!(
             plan(inputs(false, true, true, true)),

@@ -574,17 +574,48 @@ fn offline_node_writes_are_queued_and_replayed_in_order() {
 
     // The cloud comes back not yet authorizing nodes (403), as a freshly started
     // kube-apiserver does until it has loaded RBAC: the replay waits it out.
-    let rules = s.cloud.state.auth.write().unwrap().revoke("system:nodes");
+    let rules = {
+        let mut auth = s.cloud.state.auth.write().unwrap();
+        auth.node_authorizer_ready = false;
+        auth.revoke("system:nodes")
+    };
     let seen = s.cloud.audit().len();
     s.cloud.start_listening().unwrap();
-    wait_for("a replay refused with 403", Duration::from_secs(15), || {
+    wait_for("a replay attempt", Duration::from_secs(15), || {
         s.cloud.audit()[seen..]
             .iter()
             .any(|a| a.user.starts_with("system:node:") && a.method != "GET")
             .then_some(())
     });
-    for r in rules {
-        s.cloud.state.auth.write().unwrap().allow(r);
+    let cache = hub.status()["cache"].clone();
+    assert_eq!(
+        (cache["replayed"].as_u64(), cache["queued"].as_u64()),
+        (Some(0), Some(4)),
+        "refused replays stay queued: {cache}"
+    );
+    // The cloud answers again, but the queue has not drained: a new renewal must wait
+    // behind the queued one, or it would land first and be overwritten by the older one.
+    assert_eq!(hub.status()["cloud"][0]["healthy"], true);
+    lease["spec"]["renewTime"] = "2026-07-01T00:00:00.000000Z".into();
+    let r = send(
+        "PUT",
+        &lease_path,
+        "application/json",
+        &serde_json::to_vec(&lease).unwrap(),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.header("warning")
+            .is_some_and(|w| w.contains("queued behind")),
+        "{:?}",
+        r.headers
+    );
+    {
+        let mut auth = s.cloud.state.auth.write().unwrap();
+        auth.node_authorizer_ready = true;
+        for r in rules {
+            auth.allow(r);
+        }
     }
     let cache = wait_for("the queue to drain", Duration::from_secs(30), || {
         let c = hub.status()["cache"].clone();
@@ -592,7 +623,7 @@ fn offline_node_writes_are_queued_and_replayed_in_order() {
     });
     assert_eq!(
         (cache["replayed"].as_u64(), cache["replay_dropped"].as_u64()),
-        (Some(4), Some(0)),
+        (Some(5), Some(0)),
         "{cache}"
     );
     // Visible in the cloud, in order (the later patch wins); the renewal's conflict was
@@ -606,7 +637,7 @@ fn offline_node_writes_are_queued_and_replayed_in_order() {
     assert_eq!(ev.status, 200);
     assert_eq!(ev.json()["reason"], "Offline");
     let lease = cloud_admin.get(&lease_path).json();
-    assert_eq!(lease["spec"]["renewTime"], "2026-06-01T00:00:00.000000Z");
+    assert_eq!(lease["spec"]["renewTime"], "2026-07-01T00:00:00.000000Z");
     let audit = s.cloud.audit();
     let patches: Vec<_> = audit
         .iter()

@@ -127,6 +127,10 @@ impl std::fmt::Debug for Cache {
     }
 }
 
+/// How long a cache read waits for the answers already teed to be stored (the writer
+/// commits in milliseconds; this bounds a stuck disk).
+const FLUSH_BEFORE_SERVING: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Discovery documents and /version, cached for every client: they hold no secrets and
 /// clients break without them after an offline restart (OpenYurt #880).
 fn is_discovery(path: &str) -> bool {
@@ -189,7 +193,7 @@ impl Cache {
 
     /// Waits until every teed answer so far is stored.
     pub fn flush(&self) {
-        self.writer.flush();
+        self.writer.flush_within(std::time::Duration::from_secs(30));
     }
 
     /// Changes whenever the store's objects change (a write or a deletion was applied,
@@ -200,9 +204,16 @@ impl Cache {
         s.written.load(Relaxed) + s.deleted.load(Relaxed) + s.offline_accepted.load(Relaxed)
     }
 
+    /// Whether node writes accepted offline still wait to be replayed: a new one must
+    /// queue behind them, or it would reach the cloud before them and be overwritten by
+    /// an older state.
+    pub fn replay_pending(&self) -> bool {
+        self.store.queued_now() > 0
+    }
+
     /// Stores what is pending and closes the store cleanly (SIGTERM).
     pub fn close(&self) {
-        self.writer.flush();
+        self.writer.flush_within(std::time::Duration::from_secs(30));
         self.store.close();
     }
 
@@ -292,12 +303,24 @@ impl Cache {
         })
     }
 
-    /// Answers a read from the cache, or says why it cannot.
+    /// Answers a read from the cache, or says why it cannot. Answers and events already
+    /// passed to clients are stored first: a client that got a deletion from the cloud
+    /// never gets the object back from the cache a moment later.
     pub async fn serve(
         &self,
         req: CacheRequest<'_>,
         cloud_back: Arc<dyn Fn() -> bool + Send + Sync>,
     ) -> Result<Response<ProxyBody>, String> {
+        if self
+            .stats
+            .pending
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+        {
+            let writer = self.writer.clone();
+            let _ = tokio::task::spawn_blocking(move || writer.flush_within(FLUSH_BEFORE_SERVING))
+                .await;
+        }
         self.server.serve(req, cloud_back).await
     }
 

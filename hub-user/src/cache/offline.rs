@@ -37,6 +37,7 @@ use crate::{
 /// Writes kept at most while offline; more are refused with a 503.
 pub const MAX_QUEUED: u64 = 10_000;
 const WARNING: &str = "299 - \"hub: the cloud is unreachable; this write is queued on the node and will be replayed to the cloud when it is back\"";
+const WARNING_BEHIND: &str = "299 - \"hub: earlier writes of this node are being replayed to the cloud; this write is queued behind them\"";
 /// How often the replayer looks for work.
 const REPLAY_EVERY: Duration = Duration::from_millis(300);
 /// Upper bound of a replayed answer read back (to refresh the cache).
@@ -241,10 +242,13 @@ fn unavailable(why: &str) -> Response<ProxyBody> {
 }
 
 impl Cache {
-    /// Accepts a replayable write while the cloud is unreachable: queued durably, applied
-    /// to the cache, answered with the object and a Warning.
+    /// Accepts a replayable write while the cloud is unreachable (or while earlier ones
+    /// are replayed, `behind_replay`): queued durably, applied to the cache, answered with
+    /// the object and a Warning.
+    #[allow(clippy::too_many_arguments)]
     pub async fn accept_offline(
         self: &Arc<Self>,
+        behind_replay: bool,
         info: &RequestInfo,
         method: &Method,
         path_and_query: &str,
@@ -294,7 +298,14 @@ impl Cache {
             Response::builder()
                 .status(code)
                 .header(header::CONTENT_TYPE, item.encoding.content_type())
-                .header("warning", WARNING)
+                .header(
+                    "warning",
+                    if behind_replay {
+                        WARNING_BEHIND
+                    } else {
+                        WARNING
+                    },
+                )
                 .body(full(item.encoded()))
                 .expect("valid response parts")
         })

@@ -22,6 +22,7 @@ use std::{
     collections::HashMap,
     os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
+    sync::atomic::{AtomicU64, Ordering},
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -433,6 +434,9 @@ pub struct Store {
     /// and a store that was not closed cleanly is repaired (rescanned) at the next open.
     db: std::sync::RwLock<Option<Db>>,
     pub path: PathBuf,
+    /// The outbox's length, set inside each transaction that changes it (write
+    /// transactions run one at a time, so the last value set is the committed length).
+    queued: AtomicU64,
 }
 
 /// Creates `dir` owner-only (0700), or tightens it if it exists.
@@ -487,10 +491,14 @@ impl Store {
         txn.open_table(OUTBOX).map_err(db_err)?;
         txn.open_table(EXPENDABLE).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
-        Ok(Store {
+        let store = Store {
             db: std::sync::RwLock::new(Some(Db::ReadWrite(db))),
             path,
-        })
+            queued: Default::default(),
+        };
+        let queued = store.queue_len()?;
+        store.queued.store(queued, Ordering::Relaxed);
+        Ok(store)
     }
 
     /// Opens an existing store for reading (`hub cache` while the daemon is stopped). A
@@ -517,6 +525,7 @@ impl Store {
         Ok(Store {
             db: std::sync::RwLock::new(Some(db)),
             path,
+            queued: Default::default(),
         })
     }
 
@@ -806,6 +815,7 @@ impl Store {
                     .insert(key.encode().as_slice(), rec.encode().as_slice())
                     .map_err(db_err)?;
             }
+            self.queued.store(len + 1, Ordering::Relaxed);
             Enqueued {
                 queued: len + 1,
                 dropped,
@@ -827,6 +837,11 @@ impl Store {
         Ok(out)
     }
 
+    /// The outbox's length as last committed (no read transaction).
+    pub fn queued_now(&self) -> u64 {
+        self.queued.load(Ordering::Relaxed)
+    }
+
     pub fn queue_len(&self) -> Result<u64, StoreError> {
         let txn = self.read()?;
         let len = txn
@@ -844,10 +859,12 @@ impl Store {
             return Err(StoreError::Db("store closed or opened read-only".into()));
         };
         let txn = db.begin_write().map_err(db_err)?;
-        txn.open_table(OUTBOX)
-            .map_err(db_err)?
-            .remove(seq)
-            .map_err(db_err)?;
+        {
+            let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
+            outbox.remove(seq).map_err(db_err)?;
+            self.queued
+                .store(outbox.len().map_err(db_err)?, Ordering::Relaxed);
+        }
         {
             let mut cheap = txn.open_table(EXPENDABLE).map_err(db_err)?;
             let size = cheap.remove(seq).map_err(db_err)?.map(|v| v.value());

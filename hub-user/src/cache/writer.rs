@@ -145,11 +145,11 @@ impl Writer {
         self.stats.too_large.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Waits until everything sent so far is in the store.
-    pub fn flush(&self) {
+    /// Waits (at most `limit`) until everything sent so far is in the store.
+    pub fn flush_within(&self, limit: Duration) {
         let (tx, rx) = mpsc::channel();
         self.send(Op::Flush(tx));
-        let _ = rx.recv_timeout(Duration::from_secs(30));
+        let _ = rx.recv_timeout(limit);
     }
 }
 
@@ -488,15 +488,15 @@ mod tests {
             )
         };
         writer.send(get(pod("a", 5)));
-        writer.flush();
+        writer.flush_within(Duration::from_secs(30));
         assert_eq!(counts(&stats), (1, 0));
         writer.send(get(pod("a", 5)));
         writer.send(get(pod("a", 4)));
-        writer.flush();
+        writer.flush_within(Duration::from_secs(30));
         assert_eq!(counts(&stats), (1, 2), "same and older: nothing written");
         writer.send(get(pod("a", 6)));
         writer.send(get(pod("b", 6)));
-        writer.flush();
+        writer.flush_within(Duration::from_secs(30));
         assert_eq!(counts(&stats), (3, 2));
         let held = store
             .scan(&super::super::store::prefix("node", "/v1/pods", None, None))

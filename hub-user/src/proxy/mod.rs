@@ -589,7 +589,9 @@ impl Proxy {
                 return resp;
             }
         };
-        if self.cloud.healthy() {
+        // Queued writes go first: a new one waits behind them even once the cloud is back.
+        let behind_replay = cache.replay_pending();
+        if self.cloud.healthy() && !behind_replay {
             match forward::forward_parts(&self.cloud, &parts, body.clone(), AsWho::Node).await {
                 Ok(f) if cache::tokens::is_token_request(info) => {
                     self.record(Route::Cloud, info, component, f.response.status(), started);
@@ -614,6 +616,7 @@ impl Proxy {
         let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let resp = cache
             .accept_offline(
+                behind_replay && self.cloud.healthy(),
                 info,
                 &parts.method,
                 path_and_query,

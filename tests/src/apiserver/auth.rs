@@ -43,6 +43,9 @@ impl Rule {
 pub struct Auth {
     tokens: HashMap<String, User>,
     rules: Vec<Rule>,
+    /// False models a kube-apiserver that has just started: its Node authorizer's graph
+    /// is not built yet, so it has no opinion and RBAC alone decides.
+    pub node_authorizer_ready: bool,
 }
 
 impl Auth {
@@ -51,6 +54,7 @@ impl Auth {
         Auth {
             tokens: HashMap::new(),
             rules: vec![Rule::new("system:masters", &["*"], &["*"], &["*"])],
+            node_authorizer_ready: true,
         }
     }
 

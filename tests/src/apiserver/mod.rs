@@ -110,12 +110,13 @@ impl State {
     /// kube-apiserver's `Node,RBAC` chain: the Node authorizer for node identities, then
     /// the RBAC rules. A refusal carries the Node authorizer's reason, when it gave one.
     pub fn authorize(&self, user: &User, a: &node_authz::Attributes) -> Result<(), Option<String>> {
-        let reason =
-            match node_authz::node_of(user).map(|node| node_authz::decide(&self.store, node, a)) {
-                Some(node_authz::Decision::Allow) => return Ok(()),
-                Some(node_authz::Decision::NoOpinion(reason)) => reason,
-                None => None,
-            };
+        let ready = self.auth.read().unwrap().node_authorizer_ready;
+        let node = node_authz::node_of(user).filter(|_| ready);
+        let reason = match node.map(|node| node_authz::decide(&self.store, node, a)) {
+            Some(node_authz::Decision::Allow) => return Ok(()),
+            Some(node_authz::Decision::NoOpinion(reason)) => reason,
+            None => None,
+        };
         let resource = match a.subresource {
             Some(sub) => format!("{}/{sub}", a.resource),
             None => a.resource.to_string(),
