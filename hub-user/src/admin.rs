@@ -369,9 +369,14 @@ pub fn render(s: &StatusReport) -> String {
         Some(c) => {
             let _ = writeln!(
                 out,
-                "coordinator:  pool {} {} ({}), epoch {}, {} full pushes, {} sets / {} objects pushed, {} older than the pool's dropped, {} JSON forms fetched, {} pushed in protobuf{}",
+                "coordinator:  pool {} reads {}, pushes {} ({}), epoch {}, {} full pushes, {} sets / {} objects pushed, {} older than the pool's dropped, {} JSON forms fetched, {} pushed in protobuf{}{}",
                 c.pool,
                 if c.healthy { "healthy" } else { "UNHEALTHY" },
+                if c.pushes_healthy {
+                    "healthy"
+                } else {
+                    "FAILING"
+                },
                 c.endpoints.join(","),
                 c.epoch,
                 c.full_pushes,
@@ -383,8 +388,20 @@ pub fn render(s: &StatusReport) -> String {
                 c.last_error
                     .as_ref()
                     .map(|e| format!(" (last error: {e})"))
+                    .unwrap_or_default(),
+                c.last_push_error
+                    .as_ref()
+                    .filter(|_| !c.pushes_healthy)
+                    .map(|e| format!(" (last push error: {e})"))
                     .unwrap_or_default()
             );
+            if !c.members_down.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "              members not answering: {}",
+                    c.members_down.join(", ")
+                );
+            }
         }
         None => {
             let _ = writeln!(

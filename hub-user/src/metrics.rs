@@ -128,8 +128,13 @@ impl Collector for PoolCollector {
         for (name, help, v) in [
             (
                 "healthy",
-                "1 if the pool coordinator is healthy",
+                "1 if the pool coordinator answers reads",
                 i64::from(s.healthy),
+            ),
+            (
+                "pushes_healthy",
+                "1 if the last round of pushes to the pool coordinator succeeded",
+                i64::from(s.pushes_healthy),
             ),
             (
                 "leader",

@@ -224,6 +224,22 @@ impl EtcdCluster {
             .collect()
     }
 
+    /// The index of the member that leads the cluster now, as the members say.
+    pub fn leader(&self) -> Option<usize> {
+        let endpoints = self.endpoints();
+        endpoints.iter().enumerate().find_map(|(i, ep)| {
+            let out = self
+                .etcdctl(
+                    std::slice::from_ref(ep),
+                    &["endpoint", "status", "-w", "json"],
+                )
+                .ok()?;
+            let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+            let s = &v[0]["Status"];
+            (s["leader"].as_u64().is_some() && s["leader"] == s["header"]["member_id"]).then_some(i)
+        })
+    }
+
     /// Client URLs of all members, for `coordinator.endpoints` or etcdctl.
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(|m| m.client_url.clone()).collect()

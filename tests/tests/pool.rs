@@ -741,3 +741,103 @@ fn what_no_live_hub_holds_leaves_the_coordinator_and_what_one_holds_stays() {
         || etcd.keys(companion).is_empty().then_some(()),
     );
 }
+
+#[test]
+fn one_dead_member_of_three_is_no_outage_of_the_coordinator() {
+    let mut etcd = EtcdCluster::start(3);
+    let (ca, cloud) = cloud();
+    seed::cluster(&cloud.state.store, 1, 3);
+    let dir = TempDir::new("pool");
+    let pki = ca
+        .write_hub_pki(&dir.path().join("node-0"), "node-0", &[])
+        .unwrap();
+    let node = start_named_hub(&cloud, &pki, &etcd, "node-0", "");
+    let kubelet = Client::new(
+        format!("127.0.0.1:{}", node.tls).parse().unwrap(),
+        ca.cert_der(),
+        None,
+        Some(&pki.kubelet),
+    );
+    let list = || {
+        let r = kubelet
+            .request(
+                "GET",
+                "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-0",
+                &[
+                    ("User-Agent", "kubelet/v1.32.0"),
+                    ("Accept", "application/json"),
+                ],
+                &[],
+            )
+            .unwrap();
+        assert_eq!(r.status, 200);
+    };
+    list();
+    wait_for(
+        "the node's pods in the coordinator",
+        Duration::from_secs(30),
+        || (etcd.keys("/registry/pods/").len() == 3).then_some(()),
+    );
+    let coordinator = || node.hub.status()["coordinator"].clone();
+    wait_for("reads and pushes healthy", Duration::from_secs(30), || {
+        let c = coordinator();
+        (c["healthy"] == true && c["pushes_healthy"] == true).then_some(())
+    });
+
+    // A member that does not lead dies: the other two keep quorum, so the pool's reads
+    // never stop, and pushes go on.
+    let leader = wait_for("an etcd leader", Duration::from_secs(20), || etcd.leader());
+    etcd.kill_member((leader + 1) % 3);
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(6) {
+        let c = coordinator();
+        assert_eq!(
+            c["healthy"],
+            true,
+            "reads lost {:?} after one member of three died: {c}",
+            watched.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The dead member is named, left out of the client's balance: from then on no push
+    // fails for it.
+    let dead = etcd.endpoints()[(leader + 1) % 3].clone();
+    wait_for(
+        "the dead member named in status",
+        Duration::from_secs(10),
+        || (coordinator()["members_down"] == serde_json::json!([dead])).then_some(()),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let errors_before = coordinator()["last_push_error"].clone();
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(6) {
+        let c = coordinator();
+        assert!(
+            c["pushes_healthy"] == true && c["last_push_error"] == errors_before,
+            "a push failed with the dead member out of the balance: {c}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    seed::pod(
+        &cloud.state.store,
+        "default",
+        "after-the-death",
+        "node-0",
+        "late",
+    );
+    list();
+    wait_for(
+        "the new pod pushed with a member down",
+        Duration::from_secs(30),
+        || {
+            etcd.keys("/registry/pods/default/after-the-death")
+                .len()
+                .eq(&1)
+                .then_some(())
+        },
+    );
+    etcd.start_member((leader + 1) % 3);
+    wait_for("the member back in status", Duration::from_secs(20), || {
+        (coordinator()["members_down"] == serde_json::json!([])).then_some(())
+    });
+}

@@ -6,6 +6,7 @@
 //! the leader's sync of pool-scope resources from the cloud (`leader`) and its sweep of
 //! what no live hub holds (`gc`).
 pub mod election;
+pub mod endpoints;
 pub mod gc;
 pub mod json_copies;
 pub mod keys;

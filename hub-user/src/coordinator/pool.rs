@@ -27,6 +27,7 @@ use tokio::sync::watch;
 
 use super::{
     election::{Election, Lease},
+    endpoints,
     gc::{self, GcStatus},
     json_copies::{self, ForPush, JsonCopies},
     leader,
@@ -65,7 +66,18 @@ const NEVER_PUSHED: [&str; 1] = ["/v1/secrets"];
 pub struct PoolStatus {
     pub pool: String,
     pub endpoints: Vec<String>,
+    /// Reads (the pool's data served from it) work: what routing goes by.
     pub healthy: bool,
+    /// The last round of pushes succeeded. A push refused or cut off does not stop
+    /// reads: etcd may refuse a large write and still answer every read.
+    #[serde(default)]
+    pub pushes_healthy: bool,
+    #[serde(default)]
+    pub last_push_error: Option<String>,
+    /// Members that did not answer the last check (left out of the client's balance
+    /// while others answer).
+    #[serde(default)]
+    pub members_down: Vec<String>,
     pub epoch: String,
     pub cluster_id: u64,
     /// Full pushes of this node's data (the first, and one per coordinator rebuild).
@@ -109,6 +121,7 @@ pub struct Pool {
     storage: OnceLock<(Client, Arc<Storage>)>,
     election: OnceLock<Arc<Election>>,
     healthy: AtomicBool,
+    pushes_healthy: AtomicBool,
     status: Mutex<PoolStatus>,
     /// Pool-scope resources a leader has synced (gvr -> when that was last checked).
     synced: Mutex<HashMap<String, (bool, Instant)>>,
@@ -209,6 +222,7 @@ impl Pool {
             storage: OnceLock::new(),
             election: OnceLock::new(),
             healthy: AtomicBool::new(false),
+            pushes_healthy: AtomicBool::new(false),
             status: Mutex::new(status),
             synced: Mutex::new(HashMap::new()),
             lives: AtomicU64::new(0),
@@ -226,6 +240,7 @@ impl Pool {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         s.healthy = self.healthy();
+        s.pushes_healthy = self.pushes_healthy.load(Ordering::SeqCst);
         if let Some(e) = self.election.get() {
             s.role = if e.is_leader() { "leader" } else { "follower" }.into();
             s.leader = e.holder();
@@ -340,10 +355,18 @@ impl Pool {
                 _ = stop.wait_for(|s| *s) => return,
             }
             let mut kv = client.kv_client();
-            match tokio::time::timeout(PROBE_TIMEOUT, kv.get(EPOCH_KEY, None)).await {
-                Ok(Ok(_)) => failures = 0,
-                Ok(Err(_)) | Err(_) => failures += 1,
+            // A read that failed at once is tried again at once: the client may have sent
+            // it to a member that just died, before `endpoints` takes that one out.
+            let mut answered = false;
+            for _ in 0..2 {
+                match tokio::time::timeout(PROBE_TIMEOUT, kv.get(EPOCH_KEY, None)).await {
+                    Ok(Ok(_)) => answered = true,
+                    Ok(Err(_)) => continue,
+                    Err(_) => {}
+                }
+                break;
             }
+            failures = if answered { 0 } else { failures + 1 };
             if failures >= PROBE_FAILURES && self.healthy() {
                 self.set_error(format!("health probe failed {failures} times in a row"));
             }
@@ -362,16 +385,40 @@ impl Pool {
             .last_error = Some(e);
     }
 
+    /// Client TLS for the members, when the coordinator is reached over https.
+    fn tls(&self) -> Result<Option<etcd_client::TlsOptions>, String> {
+        let c = &self.config.coordinator;
+        match &c.ca_file {
+            Some(ca) => storage::tls_options(ca, c.cert_file.as_deref().zip(c.key_file.as_deref()))
+                .map(Some)
+                .map_err(|e| e.to_string()),
+            None => Ok(None),
+        }
+    }
+
+    /// A round of pushes (or the membership record) failed: pushes are retried next
+    /// round from the node's cache; reads are judged by the probe alone.
+    fn set_push_error(&self, e: String) {
+        if self.pushes_healthy.swap(false, Ordering::SeqCst) {
+            tracing::info!("coordinator: pushes failing (reads unaffected): {e}");
+        } else {
+            tracing::debug!("coordinator: push failed again: {e}");
+        }
+        self.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last_push_error = Some(e);
+    }
+
+    fn pushes_ok(&self) {
+        if !self.pushes_healthy.swap(true, Ordering::SeqCst) {
+            tracing::info!("coordinator: pushes succeed");
+        }
+    }
+
     async fn connect(&self) -> Result<(), String> {
         let c = &self.config.coordinator;
-        let tls = match &c.ca_file {
-            Some(ca) => Some(
-                storage::tls_options(ca, c.cert_file.as_deref().zip(c.key_file.as_deref()))
-                    .map_err(|e| e.to_string())?,
-            ),
-            None => None,
-        };
-        let client = storage::connect(&c.endpoints, tls, Duration::from_secs(10))
+        let client = storage::connect(&c.endpoints, self.tls()?, Duration::from_secs(10))
             .await
             .map_err(|e| e.to_string())?;
         let owned = Owned::open(&self.config.cache.dir).map_err(|e| e.to_string())?;
@@ -607,6 +654,22 @@ impl Pool {
             tokio::spawn(election.run(eligible, stop.clone()));
             tokio::spawn(self.clone().probe_forever(client.clone(), stop.clone()));
             let c = &self.config.coordinator;
+            // Connecting already succeeded with these TLS options.
+            let tls = self.tls().ok().flatten();
+            let me = self.clone();
+            let report = move |down: Vec<String>| {
+                me.status
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .members_down = down;
+            };
+            tokio::spawn(endpoints::tend(
+                client.clone(),
+                c.endpoints.clone(),
+                tls,
+                report,
+                stop.clone(),
+            ));
             let schedule = gc::Schedule {
                 interval: Duration::from_secs(c.gc_interval_seconds),
                 grace: Duration::from_secs(c.node_grace_seconds),
@@ -622,11 +685,12 @@ impl Pool {
                 Some(c) => self.keep_membership(&c, &mut member).await,
                 None => Ok(()),
             };
-            if let Err(e) = result.and(
+            match result.and(
                 self.sync_once(&cache, &json, &mut pushed, &mut life, &mut generation)
                     .await,
             ) {
-                self.set_error(e);
+                Ok(()) => self.pushes_ok(),
+                Err(e) => self.set_push_error(e),
             }
             tokio::select! {
                 _ = tokio::time::sleep(SYNC_EVERY) => {}
