@@ -5,6 +5,7 @@ mod bench_coordinator;
 mod bench_pool;
 mod bench_proxy;
 mod demo;
+mod soak;
 
 use std::{
     path::{Path, PathBuf},
@@ -18,12 +19,16 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   build-ebpf   build the eBPF object from source and refresh hub-ebpf/prebuilt/hub-ebpf.bpf.o
   test         lint, then every test: unit, integration and privileged (fails if any
-               privileged test was skipped), then the demo; --no-lint skips the lint step
+               privileged test was skipped), the fuzz round, the demo and a 3-minute
+               soak; --no-lint skips the lint step
   lint         cargo fmt --check and cargo clippy -D warnings on the whole workspace
   demo         the system end to end on this machine, in throwaway namespaces (root);
                --step pauses between steps
   bench WHAT   release-build benchmarks as ratios against direct, same run
                (WHAT: intercept, proxy, cache, coordinator, pool, pool-scale); --rounds N
+  soak         two hubs of one pool under node traffic while the cloud, etcd members, the
+               whole coordinator, a hub and a cache disk fail on a schedule; invariants are
+               hard failures; report in target/soak-report.json. --minutes N (default 3)
   fuzz         mutate recorded inputs through every parser that takes outside bytes
                (hub-fuzz); --seconds N in all (default 60), --seed S; fails on a finding";
 
@@ -34,6 +39,7 @@ fn main() {
         Some("test") => test(args.iter().any(|a| a == "--no-lint")),
         Some("lint") => lint(),
         Some("bench") => bench_cmd(&args[1..]),
+        Some("soak") => build_bins().and_then(|()| soak::run(&args[1..])),
         Some("fuzz") => build_bins().and_then(|()| fuzz(&args[1..])),
         Some("demo") => build_bins().and_then(|()| demo::run(args.iter().any(|a| a == "--step"))),
         Some("-h" | "--help" | "help") => {
@@ -199,7 +205,9 @@ fn test(no_lint: bool) -> Result<()> {
     eprintln!("xtask: {ran} privileged tests ran, none skipped");
     fuzz(&["--seconds".into(), "60".into()])?;
     eprintln!("xtask: running the demo (its every step is checked)");
-    demo::run(false)
+    demo::run(false)?;
+    eprintln!("xtask: a 3-minute soak (every invariant is checked)");
+    soak::run(&["--minutes".into(), "3".into()])
 }
 
 /// The fuzz round: `hub-fuzz` with these arguments; its findings fail the task.

@@ -265,17 +265,29 @@ impl Client {
 
     /// Starts a streamed GET (a watch) and returns once the headers arrived.
     pub fn stream(&self, path: &str) -> Stream<'_> {
+        self.try_stream(path, &[])
+            .unwrap_or_else(|e| panic!("stream {path}: {e}"))
+    }
+
+    /// `stream` with request headers, and errors returned (within 10 s per step).
+    pub fn try_stream(&self, path: &str, headers: &[(&str, &str)]) -> std::io::Result<Stream<'_>> {
         let (reader, status) = self.rt.block_on(async {
-            let mut reader = self.open("GET", path, &[], &[]).await.expect("open stream");
-            let (status, _) = Self::head(&mut reader).await.expect("stream head");
-            (reader, status)
-        });
-        Stream {
+            let limit = Duration::from_secs(10);
+            let timed_out = || std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+            let mut reader = tokio::time::timeout(limit, self.open("GET", path, headers, &[]))
+                .await
+                .map_err(|_| timed_out())??;
+            let (status, _) = tokio::time::timeout(limit, Self::head(&mut reader))
+                .await
+                .map_err(|_| timed_out())??;
+            Ok::<_, std::io::Error>((reader, status))
+        })?;
+        Ok(Stream {
             client: self,
             reader,
             pending: Vec::new(),
             status,
-        }
+        })
     }
 }
 

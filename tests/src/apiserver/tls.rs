@@ -42,6 +42,25 @@ impl Identity {
         Ok((crt, key))
     }
 
+    /// Reads a certificate and its PKCS#8 key back from the PEM files `write` made.
+    pub fn read(crt: &Path, key: &Path) -> std::io::Result<Identity> {
+        use rustls::pki_types::pem::PemObject;
+        let cert_pem = std::fs::read_to_string(crt)?;
+        let key_pem = std::fs::read_to_string(key)?;
+        let bad = |e: rustls::pki_types::pem::Error| std::io::Error::other(e.to_string());
+        let cert_der = CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(bad)?;
+        let key_der = PrivatePkcs8KeyDer::from_pem_slice(key_pem.as_bytes())
+            .map_err(bad)?
+            .secret_pkcs8_der()
+            .to_vec();
+        Ok(Identity {
+            cert_pem,
+            key_pem,
+            cert_der,
+            key_der,
+        })
+    }
+
     pub fn key(&self) -> PrivateKeyDer<'static> {
         PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key_der.clone()))
     }
