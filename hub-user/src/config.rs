@@ -180,10 +180,12 @@ pub struct CoordinatorConfig {
     /// This node's client certificate and key for etcd (one identity per node).
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
-    /// The etcd's --max-txn-ops: a storage operation needing more fails before sending.
+    /// The etcd's --max-txn-ops, as a hint: a set needing more is sent in several Txns,
+    /// and an etcd that refuses less lowers it (to etcd's default 128, then by halves).
     #[serde(default = "default_max_txn_ops")]
     pub max_txn_ops: usize,
-    /// The etcd's --max-request-bytes: a storage operation larger fails before sending.
+    /// The etcd's --max-request-bytes, as a hint, likewise (etcd's default is 1.5 MiB); one
+    /// object larger than a request may be cannot be stored.
     #[serde(default = "default_max_request_bytes")]
     pub max_request_bytes: usize,
     /// TTL of the pool leader's lease: a leader that dies is replaced after about this long.
@@ -236,8 +238,8 @@ fn default_cache_dir() -> PathBuf {
 fn default_cache_components() -> Vec<String> {
     crate::cache::DEFAULT_COMPONENTS.map(String::from).to_vec()
 }
-/// What deploy/coordinator-etcd.yaml sets (etcd's own defaults are 128 and 1.5 MiB, too
-/// small for one Txn replacing a node's pod list).
+/// What deploy/coordinator-etcd.yaml sets: with it a node's pod list fits one Txn (etcd's
+/// own defaults, 128 and 1.5 MiB, take it in several).
 fn default_max_txn_ops() -> usize {
     20_000
 }

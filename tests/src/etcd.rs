@@ -38,6 +38,9 @@ pub struct EtcdCluster {
     initial_cluster: String,
     /// Client TLS: https client URLs that require a certificate signed by the CA.
     tls: Option<TlsFiles>,
+    /// Started as etcd starts without flags (--max-txn-ops 128, --max-request-bytes
+    /// 1.5 MiB) instead of with the limits deploy/coordinator-etcd.yaml sets.
+    default_limits: bool,
     _dir: TempDir,
     _keep: Vec<TempDir>,
 }
@@ -63,6 +66,21 @@ impl EtcdCluster {
     /// Starts `size` members (1 or 3) and waits until every one reports healthy.
     pub fn start(size: usize) -> EtcdCluster {
         Self::start_with(size, None, "127.0.0.1")
+    }
+
+    /// Like `start`, each member with etcd's own default request limits (an etcd an
+    /// operator already had, started without the coordinator's flags).
+    pub fn start_default_limits(size: usize) -> EtcdCluster {
+        let mut c = Self::start_with(size, None, "127.0.0.1");
+        c.default_limits = true;
+        for i in 0..size {
+            c.kill_member(i);
+            c.start_member(i);
+        }
+        for i in 0..size {
+            c.wait_healthy(i);
+        }
+        c
     }
 
     /// Like `start`, listening on `host` (an address of the calling thread's namespace;
@@ -119,6 +137,7 @@ impl EtcdCluster {
             token,
             initial_cluster,
             tls,
+            default_limits: false,
             _dir: dir,
             _keep: Vec::new(),
         };
@@ -150,10 +169,12 @@ impl EtcdCluster {
             ))
             .arg(format!("--initial-cluster={}", self.initial_cluster))
             .arg(format!("--initial-cluster-token={}", self.token))
-            .arg(format!("--initial-cluster-state={state}"))
+            .arg(format!("--initial-cluster-state={state}"));
+        if !self.default_limits {
             // The limits deploy/coordinator-etcd.yaml sets (coordinator.maxTxnOps/maxRequestBytes).
-            .arg(format!("--max-txn-ops={MAX_TXN_OPS}"))
-            .arg(format!("--max-request-bytes={MAX_REQUEST_BYTES}"));
+            cmd.arg(format!("--max-txn-ops={MAX_TXN_OPS}"))
+                .arg(format!("--max-request-bytes={MAX_REQUEST_BYTES}"));
+        }
         if let Some(t) = &self.tls {
             cmd.arg("--client-cert-auth")
                 .arg(format!("--trusted-ca-file={}", t.ca.display()))

@@ -285,25 +285,19 @@ fn limits_fail_cleanly_and_bad_names_and_unknown_kinds() {
     };
     let s = rt.block_on(open(&etcd, dir.path(), small));
     let before = revision(&etcd);
+    // A set larger than one Txn may hold goes in several: 5 operations less the 2 a
+    // nested Txn needs leave 3 objects a Txn, so 6 objects take two.
     let many: Vec<Object> = (0..6).map(|i| pod("d", &format!("p{i}"), 1)).collect();
-    let e = rt
+    let done = rt
         .block_on(s.replace_component_list("kubelet", &pods(), Some("d"), 1, &many))
-        .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            StorageError::TooManyOps {
-                ops: 8,
-                limit: 5,
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert!(
-        e.to_string().contains("coordinator.maxTxnOps")
-            && e.to_string().contains("nothing was written")
-    );
+        .unwrap();
+    assert_eq!(done.written, 6);
+    assert_eq!(revision(&etcd), before + 2, "two Txns");
+    assert_eq!(s.list_keys_of_component("kubelet").unwrap().len(), 6);
+    rt.block_on(s.delete_component_resources("kubelet"))
+        .unwrap();
+    let before = revision(&etcd);
+    // One object larger than a request may be cannot be split: refused before sending.
     let big = Object {
         value: vec![b' '; 5000],
         ..pod("d", "big", 1)
@@ -486,10 +480,18 @@ fn a_crash_at_any_step_is_reconciled_at_the_next_start() {
                 .into_keys()
                 .collect();
             let key = |n: &str| format!("/registry/pods/{ns}/{n}");
-            if matches!(op, "delete" | "replace") {
+            if op == "delete" {
                 assert!(
                     !present.contains(&key("b")),
                     "{what}: the delete of b was lost: {present:?}"
+                );
+            }
+            if op == "replace" {
+                // The old set {a, b} whole, or the new {a, c}: never half of each.
+                let (old, new) = (vec![key("a"), key("b")], vec![key("a"), key("c")]);
+                assert!(
+                    present == old || present == new,
+                    "{what}: neither set whole: {present:?}"
                 );
             }
             let owned = s.list_keys_of_component("kubelet").unwrap();
@@ -715,4 +717,91 @@ fn one_leader_per_pool_and_a_new_one_within_the_lease_ttl() {
         "took {took:?}"
     );
     assert_ne!(third, second);
+}
+
+/// An etcd started with its defaults (128 operations, 1.5 MiB a request) takes a 2000-pod
+/// set in chunks the hub learns from etcd's own refusals; a replace interrupted after its
+/// first chunk leaves the old set whole and nothing orphaned, and finishes when redone.
+#[test]
+fn a_default_limits_etcd_takes_big_sets_in_chunks_and_an_interrupted_replace_is_safe() {
+    let etcd = EtcdCluster::start_default_limits(1);
+    let dir = TempDir::new("co");
+    let rt = runtime();
+    // The hub's configured hints are deploy/coordinator-etcd.yaml's, far above etcd's.
+    let s = rt.block_on(open(&etcd, dir.path(), LIMITS));
+    let set = |range: std::ops::Range<usize>, rv: u64| -> Vec<Object> {
+        range
+            .map(|i| {
+                let mut p = pod("big", &format!("p{i:04}"), rv);
+                // ~1 KiB each, as a real pod: 2000 of them are over 1.5 MiB.
+                p.value.extend(std::iter::repeat_n(b' ', 1024));
+                p
+            })
+            .collect()
+    };
+    let old = set(0..2000, 1);
+    let before = revision(&etcd);
+    let done = rt
+        .block_on(s.replace_component_list("kubelet", &pods(), Some("big"), 1, &old))
+        .unwrap();
+    assert_eq!(done.written, 2000);
+    let learned = s.limits();
+    assert_eq!(learned.max_txn_ops, 128, "learned from etcd's refusal");
+    let txns = revision(&etcd) - before;
+    assert!(txns >= 16, "2000 objects at 126 a Txn: {txns} Txns");
+    let keys = |etcd: &EtcdCluster| -> Vec<String> {
+        etcd_dump(etcd, "/registry/pods/big/")
+            .1
+            .into_keys()
+            .collect()
+    };
+    assert_eq!(keys(&etcd).len(), 2000);
+
+    // The new set: half the old names at a newer version, half new names. Interrupted
+    // after its first Txn, as a crash would.
+    let new = set(1000..3000, 2);
+    s.fail_next_at(Some(Step::AfterFirstChunk));
+    let r = rt.block_on(s.replace_component_list("kubelet", &pods(), Some("big"), 2, &new));
+    assert!(matches!(r, Err(StorageError::Injected(_))), "{r:?}");
+    drop(s); // the crash
+    let s = rt.block_on(open(&etcd, dir.path(), LIMITS)); // the restart reconciles
+    let held = keys(&etcd);
+    for o in &old {
+        let k = format!("/registry/pods/big/{}", o.name);
+        assert!(held.contains(&k), "the old set lost {k}");
+    }
+    assert!(
+        orphans(&etcd, &s, &["kubelet"]).is_empty(),
+        "orphans: {:?}",
+        orphans(&etcd, &s, &["kubelet"])
+    );
+    assert_eq!(s.unfinished().unwrap(), 0);
+
+    // Redone, the replace leaves exactly the new set.
+    rt.block_on(s.replace_component_list("kubelet", &pods(), Some("big"), 2, &new))
+        .unwrap();
+    let want: Vec<String> = new
+        .iter()
+        .map(|o| format!("/registry/pods/big/{}", o.name))
+        .collect();
+    assert_eq!(keys(&etcd), want);
+    assert!(orphans(&etcd, &s, &["kubelet"]).is_empty());
+
+    // 200 objects of 20 KiB: 126 of them are over 1.5 MiB, so the size is learned too.
+    let wide: Vec<Object> = (0..200)
+        .map(|i| {
+            let mut p = pod("wide", &format!("w{i:03}"), 3);
+            p.value.extend(std::iter::repeat_n(b' ', 20 * 1024));
+            p
+        })
+        .collect();
+    let done = rt
+        .block_on(s.replace_component_list("kubelet", &pods(), Some("wide"), 3, &wide))
+        .unwrap();
+    assert_eq!(done.written, 200);
+    assert_eq!(
+        s.limits().max_request_bytes,
+        storage::ETCD_DEFAULT_LIMITS.max_request_bytes
+    );
+    assert_eq!(etcd_dump(&etcd, "/registry/pods/wide/").1.len(), 200);
 }

@@ -841,3 +841,110 @@ fn one_dead_member_of_three_is_no_outage_of_the_coordinator() {
         (coordinator()["members_down"] == serde_json::json!([])).then_some(())
     });
 }
+
+/// An etcd an operator already had, started with its defaults (1.5 MiB a request): a
+/// configmap larger than that cannot be pushed, and says so, while everything else is
+/// pushed and the pool's reads go on — served from the coordinator once the cloud is gone.
+#[test]
+fn pushes_that_fail_never_stop_the_pools_reads() {
+    let etcd = EtcdCluster::start_default_limits(1);
+    let (ca, cloud) = cloud();
+    let store = &cloud.state.store;
+    seed::node(store, "node-0");
+    seed::service(store, "default", "web", 80);
+    seed::configmap(
+        store,
+        "default",
+        "huge",
+        serde_json::json!({"blob": "x".repeat(2 << 20)}),
+    );
+    seed::pod_mounting(
+        store,
+        "default",
+        "reader",
+        "node-0",
+        "reader",
+        &["huge"],
+        &[],
+    );
+    let dir = TempDir::new("pool");
+    let pki = ca
+        .write_hub_pki(&dir.path().join("node-0"), "node-0", &[])
+        .unwrap();
+    let node = start_named_hub(&cloud, &pki, &etcd, "node-0", "");
+    let client = |ua: &str| {
+        let c = Client::new(
+            format!("127.0.0.1:{}", node.tls).parse().unwrap(),
+            ca.cert_der(),
+            None,
+            Some(&pki.kubelet),
+        );
+        let ua = ua.to_string();
+        move |path: &str| {
+            c.request(
+                "GET",
+                path,
+                &[("User-Agent", &ua), ("Accept", "application/json")],
+                &[],
+            )
+            .unwrap()
+        }
+    };
+    let kubelet = client("kubelet/v1.32.0");
+    let proxy = client("kube-proxy/v1.32.0");
+    assert_eq!(
+        kubelet("/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-0").status,
+        200
+    );
+    assert_eq!(
+        kubelet("/api/v1/namespaces/default/configmaps/huge").status,
+        200
+    );
+    assert_eq!(proxy("/api/v1/services").status, 200);
+    let coordinator = || node.hub.status()["coordinator"].clone();
+    let c = wait_for(
+        "the push of the huge configmap to fail",
+        Duration::from_secs(30),
+        || {
+            let c = coordinator();
+            (c["pushes_healthy"] == false
+            // etcd's "request is too large", or gRPC's "larger than max" before it.
+            && c["last_push_error"].as_str().is_some_and(|e| e.contains("large")))
+            .then_some(c)
+        },
+    );
+    assert_eq!(
+        c["healthy"], true,
+        "reads stay healthy while pushes fail: {c}"
+    );
+    wait_for(
+        "the pod and the pool's services pushed",
+        Duration::from_secs(30),
+        || {
+            (etcd.keys("/registry/pods/default/reader").len() == 1
+                && etcd.keys("/registry/services/specs/default/web").len() == 1)
+                .then_some(())
+        },
+    );
+    assert!(etcd.keys("/registry/configmaps/").is_empty());
+
+    cloud.stop_listening();
+    wait_for("the cloud seen gone", Duration::from_secs(10), || {
+        (node.hub.status()["cloud"][0]["healthy"] == false).then_some(())
+    });
+    let r = proxy("/api/v1/services");
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("warning"),
+        Some(hub::cache::serve::FROM_COORDINATOR),
+        "served by the coordinator"
+    );
+    let names: Vec<String> = r.json()["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(names.contains(&"web".to_string()), "{names:?}");
+    assert_eq!(coordinator()["healthy"], true);
+}

@@ -80,16 +80,80 @@ pub enum StorageError {
 pub enum Step {
     /// The intent is durable, etcd not yet written.
     AfterIntent,
+    /// The first Txn of an operation sent in several committed, the rest not sent.
+    AfterFirstChunk,
     /// The Txn committed, ownership not yet updated.
     AfterTxn,
 }
 
 /// The request limits of the coordinator's etcd (its --max-txn-ops and
-/// --max-request-bytes); operations that would exceed them fail before sending anything.
-#[derive(Debug, Clone, Copy)]
+/// --max-request-bytes). Configured values are hints: a set larger than one request
+/// allows is sent in several, and a refusal by etcd lowers them (to etcd's defaults, then
+/// by halves). One object larger than a request allows is an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub max_txn_ops: usize,
     pub max_request_bytes: usize,
+}
+
+/// etcd's own defaults: what an etcd started without flags accepts.
+pub const ETCD_DEFAULT_LIMITS: Limits = Limits {
+    max_txn_ops: 128,
+    max_request_bytes: 1536 * 1024,
+};
+/// Room left in a request for the Txn's framing beside its operations' keys and values:
+/// this much, or an eighth of a small limit.
+const REQUEST_OVERHEAD: usize = 4096;
+
+fn overhead(max_request_bytes: usize) -> usize {
+    REQUEST_OVERHEAD.min(max_request_bytes / 8)
+}
+
+impl Limits {
+    /// The limits after etcd refused a request for being over `which` of them.
+    fn lowered(self, which: Refusal) -> Limits {
+        let lower = |cur: usize, default: usize, floor: usize| {
+            if cur > default {
+                default
+            } else {
+                (cur / 2).max(floor)
+            }
+        };
+        match which {
+            Refusal::TooManyOps => Limits {
+                max_txn_ops: lower(self.max_txn_ops, ETCD_DEFAULT_LIMITS.max_txn_ops, 4),
+                ..self
+            },
+            Refusal::TooLarge => Limits {
+                max_request_bytes: lower(
+                    self.max_request_bytes,
+                    ETCD_DEFAULT_LIMITS.max_request_bytes,
+                    2 * REQUEST_OVERHEAD,
+                ),
+                ..self
+            },
+        }
+    }
+}
+
+/// Which of its limits etcd said a request was over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    TooManyOps,
+    TooLarge,
+}
+
+/// Reads etcd's refusal of a request over its limits ("etcdserver: too many operations
+/// in txn request", "etcdserver: request is too large", or gRPC's own size check).
+fn refusal(e: &etcd_client::Error) -> Option<Refusal> {
+    let text = e.to_string();
+    if text.contains("too many operations in txn request") {
+        Some(Refusal::TooManyOps)
+    } else if text.contains("request is too large") || text.contains("larger than max") {
+        Some(Refusal::TooLarge)
+    } else {
+        None
+    }
 }
 
 /// The resource an operation is about.
@@ -226,24 +290,39 @@ fn delete_txn(key: &str, rv: u64) -> Txn {
     )
 }
 
-/// The operations of a set's Txn: each object's guarded upsert (`put` holds their keys),
-/// then each guarded deletion, then one plain put (a record or marker), if any.
+/// The operations of a set, each with the request bytes it adds: each object's guarded
+/// upsert (`put` holds their keys), then each guarded deletion, then one plain put (a
+/// record or marker), if any — last, so it is written only once everything else is.
 fn set_ops(
     objects: &[Object],
     put: &[(String, u64)],
     delete: &[(String, u64)],
-    extra: Option<(impl Into<Vec<u8>>, impl Into<Vec<u8>>)>,
-) -> Vec<TxnOp> {
-    let mut ops: Vec<TxnOp> = objects
+    extra: Option<(&str, &str)>,
+) -> Vec<(TxnOp, usize)> {
+    let mut ops: Vec<(TxnOp, usize)> = objects
         .iter()
         .zip(put)
-        .map(|(o, (k, _))| TxnOp::txn(upsert_txn(k, o.rv, &o.value)))
+        .map(|(o, (k, _))| {
+            (
+                TxnOp::txn(upsert_txn(k, o.rv, &o.value)),
+                put_bytes(k, &o.value),
+            )
+        })
         .collect();
-    ops.extend(delete.iter().map(|(k, rv)| TxnOp::txn(delete_txn(k, *rv))));
+    ops.extend(
+        delete
+            .iter()
+            .map(|(k, rv)| (TxnOp::txn(delete_txn(k, *rv)), delete_bytes(k))),
+    );
     if let Some((key, value)) = extra {
-        ops.push(TxnOp::put(key, value, None));
+        ops.push((TxnOp::put(key, value, None), key.len() + value.len()));
     }
     ops
+}
+
+/// The request bytes of one guarded deletion.
+fn delete_bytes(key: &str) -> usize {
+    2 * key.len() + 64
 }
 
 /// Reads the outcome of a `guarded` Txn's answer.
@@ -278,7 +357,8 @@ pub struct Storage {
     watch: WatchClient,
     prefix: String,
     owned: Owned,
-    limits: Limits,
+    /// What etcd accepts in one request: the configured hints, lowered when etcd refuses.
+    limits: Mutex<Limits>,
     fail_at: Mutex<Option<Step>>,
     /// A Txn failed without an answer: its intent waits to be reconciled.
     unreconciled: std::sync::atomic::AtomicBool,
@@ -337,7 +417,7 @@ impl Storage {
             watch: client.watch_client(),
             prefix: prefix.to_string(),
             owned,
-            limits,
+            limits: Mutex::new(limits),
             fail_at: Mutex::new(None),
             unreconciled: std::sync::atomic::AtomicBool::new(false),
         };
@@ -368,19 +448,41 @@ impl Storage {
         keys::object_key(&self.prefix, &r.group, &r.resource, namespace, name)
     }
 
+    /// The limits as learned so far.
+    pub fn limits(&self) -> Limits {
+        *self.limits.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lowers the limits after etcd refused a request over one of them.
+    fn learn(&self, which: Refusal) -> Limits {
+        let mut l = self.limits.lock().unwrap_or_else(|p| p.into_inner());
+        let lowered = l.lowered(which);
+        if lowered != *l {
+            tracing::info!(
+                max_txn_ops = lowered.max_txn_ops,
+                max_request_bytes = lowered.max_request_bytes,
+                "coordinator: etcd refused a request over its limits ({which:?}); sending smaller ones"
+            );
+            *l = lowered;
+        }
+        lowered
+    }
+
+    /// For an operation on one object, which cannot be split.
     fn check_limits(&self, what: &str, ops: usize, bytes: usize) -> Result<(), StorageError> {
-        if ops > self.limits.max_txn_ops {
+        let limits = self.limits();
+        if ops > limits.max_txn_ops {
             return Err(StorageError::TooManyOps {
                 what: what.into(),
                 ops,
-                limit: self.limits.max_txn_ops,
+                limit: limits.max_txn_ops,
             });
         }
-        if bytes > self.limits.max_request_bytes {
+        if bytes > limits.max_request_bytes {
             return Err(StorageError::TooLarge {
                 what: what.into(),
                 bytes,
-                limit: self.limits.max_request_bytes,
+                limit: limits.max_request_bytes,
             });
         }
         Ok(())
@@ -396,7 +498,12 @@ impl Storage {
             match self.kv.clone().txn(txn.clone()).await {
                 Ok(r) => return Ok(r),
                 Err(e) if unreachable(&e) => last = Some(e),
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    if let Some(which) = refusal(&e) {
+                        self.learn(which);
+                    }
+                    return Err(e.into());
+                }
             }
         }
         Err(last.map_or(StorageError::Shape, StorageError::Etcd))
@@ -419,6 +526,73 @@ impl Storage {
             .inspect_err(|_| self.unreconciled.store(true, SeqCst))?;
         self.failpoint(Step::AfterTxn)?;
         Ok((id, resp))
+    }
+
+    /// Like `run`, for an operation on a set: its operations go in as few Txns as etcd's
+    /// limits allow (`send_chunked`). Each is freshness-guarded and idempotent, so any
+    /// prefix of them is a state the cloud had; the set's record or marker comes last. An
+    /// interruption leaves the intent, reconciled before the next operation or at start.
+    async fn run_chunked(
+        &self,
+        intent: &Intent,
+        ops: Vec<(TxnOp, usize)>,
+    ) -> Result<(u64, Vec<TxnOpResponse>, i64), StorageError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.unreconciled.load(SeqCst) {
+            self.reconcile().await?;
+            self.unreconciled.store(false, SeqCst);
+        }
+        let id = self.owned.begin(intent)?;
+        self.failpoint(Step::AfterIntent)?;
+        let (answers, revision) = self
+            .send_chunked(ops)
+            .await
+            .inspect_err(|_| self.unreconciled.store(true, SeqCst))?;
+        self.failpoint(Step::AfterTxn)?;
+        Ok((id, answers, revision))
+    }
+
+    /// Sends `ops` (each with the bytes it adds to a request) in order, in as few Txns as
+    /// the limits allow: at most max_txn_ops - NESTED_OPS operations each (a nested Txn
+    /// gets what its parent leaves) and max_request_bytes less some framing. A Txn etcd
+    /// refuses for its size applied nothing: it is sent again, smaller. Returns every
+    /// operation's answer, in order, and the last Txn's revision.
+    async fn send_chunked(
+        &self,
+        ops: Vec<(TxnOp, usize)>,
+    ) -> Result<(Vec<TxnOpResponse>, i64), StorageError> {
+        let mut answers = Vec::with_capacity(ops.len());
+        let (mut next, mut revision, mut sent) = (0, 0, 0);
+        while next < ops.len() {
+            let limits = self.limits();
+            let max_ops = limits.max_txn_ops.saturating_sub(NESTED_OPS).max(1);
+            let max_bytes = limits.max_request_bytes - overhead(limits.max_request_bytes);
+            let (mut end, mut bytes) = (next, 0);
+            while end < ops.len()
+                && end - next < max_ops
+                && (end == next || bytes + ops[end].1 <= max_bytes)
+            {
+                bytes += ops[end].1;
+                end += 1;
+            }
+            let chunk: Vec<TxnOp> = ops[next..end].iter().map(|(op, _)| op.clone()).collect();
+            match self.txn(Txn::new().and_then(chunk)).await {
+                Ok(resp) => {
+                    revision = resp.header().map_or(revision, |h| h.revision());
+                    answers.extend(resp.op_responses());
+                    next = end;
+                    sent += 1;
+                    if sent == 1 && next < ops.len() {
+                        self.failpoint(Step::AfterFirstChunk)?;
+                    }
+                }
+                // txn() lowered the limits: try again with a smaller Txn, if it can be.
+                Err(StorageError::Etcd(e))
+                    if refusal(&e).is_some() && end - next > 1 && self.limits() != limits => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((answers, revision))
     }
 
     /// Operations whose outcome is not yet reflected in the ownership store.
@@ -667,7 +841,7 @@ impl Storage {
 
     /// Makes the coordinator hold exactly `objects` for this component's list of `r` (in
     /// `namespace`, or all): new and fresher objects are written, owned keys in that scope
-    /// that the list no longer has are deleted as of `list_rv` — all in one Txn.
+    /// that the list no longer has are deleted as of `list_rv` (in as few Txns as etcd allows).
     pub async fn replace_component_list(
         &self,
         component: &str,
@@ -702,7 +876,8 @@ impl Storage {
     /// component held before and holds no more for another reason are only released (the
     /// pool leader's sweep removes them once no live hub holds them). `record`, when given,
     /// is the key of this set's record, rewritten to list the keys the set holds (what the
-    /// sweep reads) — the caller omits it when the names did not change. All in one Txn.
+    /// sweep reads) — the caller omits it when the names did not change. In as few Txns as
+    /// etcd's limits allow, the record last.
     pub async fn push_set(
         &self,
         component: &str,
@@ -712,30 +887,17 @@ impl Storage {
         record: Option<&str>,
     ) -> Result<Replaced, StorageError> {
         let mut put = Vec::with_capacity(objects.len());
-        let mut bytes = 0;
         for o in objects {
-            let key = self.key(r, o.namespace.as_deref(), &o.name)?;
-            bytes += put_bytes(&key, &o.value);
-            put.push((key, o.rv));
+            put.push((self.key(r, o.namespace.as_deref(), &o.name)?, o.rv));
         }
         let mut delete = Vec::with_capacity(deleted.len());
         for o in deleted {
-            let key = self.key(r, o.namespace.as_deref(), &o.name)?;
-            bytes += 2 * key.len() + 64;
-            delete.push((key, o.rv));
+            delete.push((self.key(r, o.namespace.as_deref(), &o.name)?, o.rv));
         }
         let listing = record.map(|key| {
             let keys: String = put.iter().map(|(k, _)| format!("{k}\n")).collect();
             (key, keys)
         });
-        bytes += listing.as_ref().map_or(0, |(k, v)| k.len() + v.len());
-        let what = format!("pushing {} {} objects", objects.len(), r.resource);
-        let record_ops = usize::from(listing.is_some());
-        self.check_limits(
-            &what,
-            put.len() + delete.len() + record_ops + NESTED_OPS,
-            bytes,
-        )?;
         let scope = keys::range_prefix(&self.prefix, &r.group, &r.resource, None)?;
         let holding: HashSet<&str> = put.iter().map(|(k, _)| k.as_str()).collect();
         let released: Vec<String> = self
@@ -745,26 +907,36 @@ impl Storage {
             .map(|(k, _)| k)
             .filter(|k| !holding.contains(k.as_str()))
             .collect();
-        let ops = set_ops(objects, &put, &delete, listing);
+        let ops = set_ops(
+            objects,
+            &put,
+            &delete,
+            listing.as_ref().map(|(k, v)| (*k, v.as_str())),
+        );
         let intent = Intent {
             component: component.into(),
             put,
             delete,
         };
-        let (id, resp) = self.run(&intent, Txn::new().and_then(ops)).await?;
-        let done = self.tally(&intent, &resp)?;
+        let (id, answers, revision) = self.run_chunked(&intent, ops).await?;
+        let done = self.tally(&intent, answers, revision)?;
         self.owned.finish(id, component, &intent.put, &released)?;
         Ok(done)
     }
 
     /// Counts the outcomes of a Txn made of `intent`'s guarded puts, then its deletions.
-    fn tally(&self, intent: &Intent, resp: &TxnResponse) -> Result<Replaced, StorageError> {
+    fn tally(
+        &self,
+        intent: &Intent,
+        answers: Vec<TxnOpResponse>,
+        revision: i64,
+    ) -> Result<Replaced, StorageError> {
         let mut done = Replaced {
-            revision: resp.header().map_or(0, |h| h.revision()),
+            revision,
             ..Default::default()
         };
         let per_object = intent.put.len() + intent.delete.len();
-        for (i, r) in resp.op_responses().into_iter().take(per_object).enumerate() {
+        for (i, r) in answers.into_iter().take(per_object).enumerate() {
             let TxnOpResponse::Txn(t) = r else {
                 return Err(StorageError::Shape);
             };
@@ -795,7 +967,6 @@ impl Storage {
     ) -> Result<Replaced, StorageError> {
         let scope = keys::range_prefix(&self.prefix, &r.group, &r.resource, namespace)?;
         let mut put = Vec::with_capacity(objects.len());
-        let mut bytes = 0;
         for o in objects {
             if namespace.is_some() && o.namespace.as_deref() != namespace {
                 return Err(KeyError::Invalid {
@@ -805,9 +976,7 @@ impl Storage {
                 }
                 .into());
             }
-            let key = self.key(r, o.namespace.as_deref(), &o.name)?;
-            bytes += put_bytes(&key, &o.value);
-            put.push((key, o.rv));
+            put.push((self.key(r, o.namespace.as_deref(), &o.name)?, o.rv));
         }
         let listed: HashSet<&str> = put.iter().map(|(k, _)| k.as_str()).collect();
         let mut candidates: Vec<String> = self
@@ -826,24 +995,14 @@ impl Storage {
             .filter(|k| !listed.contains(k.as_str()))
             .map(|k| (k, list_rv))
             .collect();
-        bytes += gone.iter().map(|(k, _)| 2 * k.len() + 64).sum::<usize>();
-        let what = format!("replacing {} {} objects", objects.len(), r.resource);
-        // etcd gives a nested Txn only the operations its parent leaves (max-txn-ops minus
-        // the parent's count), and each object's Txn needs two.
-        let marker_ops = usize::from(whole_resource.is_some());
-        self.check_limits(
-            &what,
-            put.len() + gone.len() + marker_ops + NESTED_OPS,
-            bytes,
-        )?;
         let ops = set_ops(objects, &put, &gone, whole_resource);
         let intent = Intent {
             component: component.into(),
             put,
             delete: gone,
         };
-        let (id, resp) = self.run(&intent, Txn::new().and_then(ops)).await?;
-        let done = self.tally(&intent, &resp)?;
+        let (id, answers, revision) = self.run_chunked(&intent, ops).await?;
+        let done = self.tally(&intent, answers, revision)?;
         let released: Vec<String> = intent.delete.iter().map(|(k, _)| k.clone()).collect();
         self.owned.finish(id, component, &intent.put, &released)?;
         Ok(done)
@@ -859,9 +1018,9 @@ impl Storage {
         &self.prefix
     }
 
-    /// The etcd's --max-txn-ops, as configured.
+    /// The etcd's --max-txn-ops, as learned so far.
     pub fn max_txn_ops(&self) -> usize {
-        self.limits.max_txn_ops
+        self.limits().max_txn_ops
     }
 
     /// Every object key in a range (keys only).
@@ -880,20 +1039,15 @@ impl Storage {
             .collect())
     }
 
-    /// Deletes every object a component owns, in one Txn.
+    /// Deletes every object a component owns.
     pub async fn delete_component_resources(&self, component: &str) -> Result<usize, StorageError> {
         let owned = self.owned.keys(component, "")?;
-        self.check_limits(
-            "deleting a component's objects",
-            2 * owned.len(),
-            owned.iter().map(|(k, _)| 2 * k.len() + 32).sum(),
-        )?;
-        let ops: Vec<TxnOp> = owned
+        let ops: Vec<(TxnOp, usize)> = owned
             .iter()
             .flat_map(|(k, _)| {
                 [
-                    TxnOp::delete(k.as_str(), None),
-                    TxnOp::delete(rv_key(k), None),
+                    (TxnOp::delete(k.as_str(), None), k.len() + 16),
+                    (TxnOp::delete(rv_key(k), None), k.len() + 32),
                 ]
             })
             .collect();
@@ -902,39 +1056,59 @@ impl Storage {
             put: vec![],
             delete: owned.clone(),
         };
-        let (id, _) = self.run(&intent, Txn::new().and_then(ops)).await?;
+        let (id, _, _) = self.run_chunked(&intent, ops).await?;
         let released: Vec<String> = owned.into_iter().map(|(k, _)| k).collect();
         self.owned.finish(id, component, &[], &released)?;
         Ok(released.len())
     }
 
-    /// Finishes what a crash interrupted: for each intent left behind, the deletions it
-    /// meant are (re)applied — freshness-guarded, in one Txn — and the component owns
-    /// whichever of its puts reached etcd. Nothing stays orphaned, no delete is lost.
+    /// Finishes what a crash interrupted, for each intent left behind. Its puts that
+    /// reached etcd are owned by the component. Its deletions are (re)applied —
+    /// freshness-guarded — only when every put reached etcd at its version (or a newer
+    /// one): a set interrupted part way stays the old set whole (some objects fresher),
+    /// never half of each; the next push of the set redoes it. Nothing stays orphaned.
     async fn reconcile(&self) -> Result<(), StorageError> {
         for (id, intent) in self.owned.pending()? {
-            let mut ops: Vec<TxnOp> = intent
-                .delete
+            let reads: Vec<(TxnOp, usize)> = intent
+                .put
                 .iter()
-                .map(|(k, rv)| TxnOp::txn(delete_txn(k, *rv)))
-                .collect();
-            ops.extend(intent.put.iter().map(|(k, _)| TxnOp::get(k.as_str(), None)));
-            let resp = self.txn(Txn::new().and_then(ops)).await?;
-            let present: Vec<(String, u64)> = resp
-                .op_responses()
-                .into_iter()
-                .skip(intent.delete.len())
-                .zip(&intent.put)
-                .filter_map(|(r, put)| match r {
-                    TxnOpResponse::Get(g) if !g.kvs().is_empty() => Some(put.clone()),
-                    _ => None,
+                .flat_map(|(k, _)| {
+                    [
+                        (TxnOp::get(k.as_str(), None), k.len() + 16),
+                        (TxnOp::get(rv_key(k), None), k.len() + 32),
+                    ]
                 })
                 .collect();
-            let released: Vec<String> = intent.delete.iter().map(|(k, _)| k.clone()).collect();
+            let (answers, _) = self.send_chunked(reads).await?;
+            let value = |r: &TxnOpResponse| match r {
+                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+                _ => None,
+            };
+            let mut present = Vec::new();
+            let mut complete = true;
+            for (pair, put) in answers.chunks(2).zip(&intent.put) {
+                if value(&pair[0]).is_some() {
+                    present.push(put.clone());
+                }
+                let stored = pair.get(1).and_then(value).and_then(|v| parse_rv(&v));
+                complete &= stored.is_some_and(|rv| rv >= put.1);
+            }
+            let released: Vec<String> = if complete {
+                let deletes: Vec<(TxnOp, usize)> = intent
+                    .delete
+                    .iter()
+                    .map(|(k, rv)| (TxnOp::txn(delete_txn(k, *rv)), delete_bytes(k)))
+                    .collect();
+                self.send_chunked(deletes).await?;
+                intent.delete.iter().map(|(k, _)| k.clone()).collect()
+            } else {
+                vec![]
+            };
             tracing::info!(
                 component = intent.component,
-                deletes = released.len(),
                 puts_found = present.len(),
+                puts = intent.put.len(),
+                deletes_applied = released.len(),
                 "coordinator: reconciled an operation interrupted by a crash"
             );
             self.owned
