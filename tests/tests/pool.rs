@@ -948,3 +948,169 @@ fn pushes_that_fail_never_stop_the_pools_reads() {
     assert!(names.contains(&"web".to_string()), "{names:?}");
     assert_eq!(coordinator()["healthy"], true);
 }
+
+/// Every key a hub writes under the prefix is one kube-apiserver's storage would read:
+/// the key shape of its layout for the resource, and a value that is JSON with the
+/// resource's apiVersion and kind or the `k8s\0` protobuf envelope of one, naming the
+/// object the key names. The hub's own keys all stay outside the prefix.
+#[test]
+fn every_key_under_the_prefix_is_one_kube_apiserver_would_read() {
+    use base64::Engine;
+    use k8s_pb::apimachinery::pkg::{apis::meta::v1::ObjectMeta, runtime::Unknown};
+    use prost::Message;
+
+    let etcd = EtcdCluster::start(1);
+    let (ca, cloud) = cloud();
+    let store = &cloud.state.store;
+    seed::node(store, "node-0");
+    seed::service(store, "default", "web", 80);
+    seed::configmap(store, "default", "conf", serde_json::json!({"k": "v"}));
+    seed::pod_mounting(store, "default", "app", "node-0", "app", &["conf"], &[]);
+    seed::pod(store, "default", "plain", "node-0", "plain");
+    let dir = TempDir::new("pool");
+    let pki = ca
+        .write_hub_pki(&dir.path().join("node-0"), "node-0", &[])
+        .unwrap();
+    let node = start_named_hub(&cloud, &pki, &etcd, "node-0", "");
+    let c = Client::new(
+        format!("127.0.0.1:{}", node.tls).parse().unwrap(),
+        ca.cert_der(),
+        None,
+        Some(&pki.kubelet),
+    );
+    let get = |ua: &str, accept: &str, path: &str| {
+        let r = c
+            .request("GET", path, &[("User-Agent", ua), ("Accept", accept)], &[])
+            .unwrap();
+        assert_eq!(r.status, 200, "{path}");
+    };
+    // What kubelet and kube-proxy read, in the encodings they read it in.
+    let proto = "application/vnd.kubernetes.protobuf, application/json";
+    get(
+        "kubelet/v1.32.0",
+        proto,
+        "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-0",
+    );
+    get("kubelet/v1.32.0", proto, "/api/v1/nodes/node-0");
+    get(
+        "kubelet/v1.32.0",
+        "application/json",
+        "/api/v1/namespaces/default/configmaps/conf",
+    );
+    for path in [
+        "/api/v1/services",
+        "/api/v1/endpoints",
+        "/apis/discovery.k8s.io/v1/endpointslices",
+    ] {
+        get("kube-proxy/v1.32.0", proto, path);
+    }
+    // kube-apiserver 1.32's layout under --etcd-prefix=/registry: storage path, whether
+    // namespaced, and the apiVersion and kind stored there.
+    let layout: &[(&str, bool, &str, &str)] = &[
+        ("pods", true, "v1", "Pod"),
+        ("minions", false, "v1", "Node"),
+        ("configmaps", true, "v1", "ConfigMap"),
+        ("services/specs", true, "v1", "Service"),
+        ("services/endpoints", true, "v1", "Endpoints"),
+        (
+            "endpointslices",
+            true,
+            "discovery.k8s.io/v1",
+            "EndpointSlice",
+        ),
+    ];
+    let expected = [
+        "/registry/pods/default/app",
+        "/registry/pods/default/plain",
+        "/registry/minions/node-0",
+        "/registry/configmaps/default/conf",
+        "/registry/services/specs/default/web",
+        "/registry/services/endpoints/default/web",
+        "/registry/endpointslices/default/web-abc12",
+    ];
+    let dump = || -> Vec<(String, Vec<u8>)> {
+        let out = etcd
+            .etcdctl(&etcd.endpoints(), &["get", "", "--from-key", "-w", "json"])
+            .unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let b64 = |s: &Value| {
+            base64::engine::general_purpose::STANDARD
+                .decode(s.as_str().unwrap_or_default())
+                .unwrap()
+        };
+        v["kvs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|kv| {
+                (
+                    String::from_utf8(b64(&kv["key"])).unwrap(),
+                    b64(&kv["value"]),
+                )
+            })
+            .collect()
+    };
+    let kvs = wait_for("every object pushed", Duration::from_secs(30), || {
+        let kvs = dump();
+        expected
+            .iter()
+            .all(|k| kvs.iter().any(|(key, _)| key == k))
+            .then_some(kvs)
+    });
+    let mut read = 0;
+    for (key, value) in &kvs {
+        let Some(rest) = key.strip_prefix("/registry/") else {
+            assert!(
+                key.starts_with("/hub/"),
+                "a key of neither kube-apiserver nor the hub: {key}"
+            );
+            continue;
+        };
+        let &(storage, namespaced, api_version, kind) = layout
+            .iter()
+            .find(|(p, ..)| rest.starts_with(&format!("{p}/")))
+            .unwrap_or_else(|| panic!("{key}: not a path of kube-apiserver's layout"));
+        let names: Vec<&str> = rest[storage.len() + 1..].split('/').collect();
+        let (ns, name) = match (namespaced, names.as_slice()) {
+            (true, [ns, name]) => (*ns, *name),
+            (false, [name]) => ("", *name),
+            _ => panic!("{key}: not the key shape of a {kind}"),
+        };
+        let meta: ObjectMeta = if let Some(enveloped) = value.strip_prefix(b"k8s\0") {
+            let u = Unknown::decode(enveloped).unwrap_or_else(|e| panic!("{key}: {e}"));
+            let t = u.type_meta.unwrap_or_default();
+            assert_eq!(
+                (t.api_version.as_deref(), t.kind.as_deref()),
+                (Some(api_version), Some(kind)),
+                "{key}"
+            );
+            // Every kind keeps its ObjectMeta in field 1.
+            #[derive(Clone, PartialEq, prost::Message)]
+            struct Meta {
+                #[prost(message, optional, tag = "1")]
+                metadata: Option<ObjectMeta>,
+            }
+            Meta::decode(u.raw.unwrap_or_default().as_slice())
+                .unwrap_or_else(|e| panic!("{key}: {e}"))
+                .metadata
+                .unwrap_or_default()
+        } else {
+            let v: Value = serde_json::from_slice(value)
+                .unwrap_or_else(|e| panic!("{key}: neither protobuf nor JSON: {e}"));
+            assert_eq!(
+                (v["apiVersion"].as_str(), v["kind"].as_str()),
+                (Some(api_version), Some(kind)),
+                "{key}"
+            );
+            ObjectMeta {
+                name: v["metadata"]["name"].as_str().map(String::from),
+                namespace: v["metadata"]["namespace"].as_str().map(String::from),
+                ..Default::default()
+            }
+        };
+        assert_eq!(meta.name.as_deref(), Some(name), "{key}");
+        assert_eq!(meta.namespace.as_deref().unwrap_or(""), ns, "{key}");
+        read += 1;
+    }
+    assert!(read >= expected.len(), "{read} objects read");
+}
