@@ -71,14 +71,44 @@ fn etcd_state(etcd: &EtcdCluster) -> Result<(u64, u64)> {
     ))
 }
 
+/// What the members say of themselves: WAL bytes written (summed), and each member's RSS.
+fn members_state(etcd: &EtcdCluster) -> (u64, Vec<u64>) {
+    let wal = etcd
+        .members
+        .iter()
+        .filter_map(|m| member_metric(&m.client_url, "etcd_disk_wal_write_bytes_total"))
+        .sum::<f64>() as u64;
+    let rss = etcd.pids().into_iter().filter_map(rss_kib).collect();
+    (wal, rss)
+}
+
+/// One counter from a member's /metrics (plain HTTP on its client URL).
+fn member_metric(url: &str, name: &str) -> Option<f64> {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut tcp = std::net::TcpStream::connect(addr).ok()?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    tcp.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    let mut text = String::new();
+    tcp.read_to_string(&mut text).ok()?;
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// `cargo xtask bench pool-scale`: a pool of SCALE_HUBS release hubs (each its own node
-/// with SCALE_PODS pods) on one etcd member. Measured: time until every node's pods are in
-/// the coordinator, and the etcd writes that took; writes while nothing changes (should
-/// be none); the re-push after a wipe; one hub killed: time until the leader's sweep has
-/// removed what only it held, and what the sweep counted.
+/// with SCALE_PODS pods) on a 3-member etcd, each member its own process and data dir.
+/// Measured: time until every node's pods are in the coordinator, and the etcd writes,
+/// WAL bytes and database size that took; writes while nothing changes (should be none);
+/// the re-push after the coordinator is wiped, with its leader killed during it (nothing
+/// acknowledged may be lost, the pool must converge); one hub killed: time until the
+/// leader's sweep has removed what only it held; each member's RSS.
 pub fn scale() -> Result<()> {
-    const SCALE_HUBS: usize = 100;
-    const SCALE_PODS: usize = 80;
+    const SCALE_HUBS: usize = 50;
+    const SCALE_PODS: usize = 500;
     const GRACE_S: u64 = 4;
     let NodePool {
         mut etcd,
@@ -88,6 +118,7 @@ pub fn scale() -> Result<()> {
         hubs_ready,
     } = node_pool(
         "bps",
+        3,
         SCALE_HUBS,
         SCALE_PODS,
         &format!(
@@ -100,6 +131,7 @@ pub fn scale() -> Result<()> {
         .build()?;
     let total = SCALE_HUBS * SCALE_PODS;
     let (rev0, _) = etcd_state(&etcd)?;
+    let (wal0, _) = members_state(&etcd);
     let listed = Instant::now();
     rt.block_on(kubelet_lists(&hubs, &kubelets))?;
     let first = wait_pods(&etcd, total, listed)?;
@@ -107,9 +139,11 @@ pub fn scale() -> Result<()> {
     // Let the pushes that follow the last one settle, then count writes over a quiet spell.
     std::thread::sleep(Duration::from_secs(3));
     let (rev1, db1) = etcd_state(&etcd)?;
+    let (wal1, _) = members_state(&etcd);
     const QUIET: Duration = Duration::from_secs(20);
     std::thread::sleep(QUIET);
     let (rev2, _) = etcd_state(&etcd)?;
+    let (wal2, rss_members) = members_state(&etcd);
     let leaders = |hubs: &[(HubProc, String)]| {
         hubs.iter()
             .filter(|(h, _)| h.status()["coordinator"]["role"] == "leader")
@@ -122,10 +156,21 @@ pub fn scale() -> Result<()> {
         .collect();
     let rss_mean = rss.iter().sum::<u64>() as f64 / rss.len().max(1) as f64 / 1024.0;
 
-    etcd.wipe_member(0);
+    // The coordinator rebuilt empty; once a tenth of the pods are back, its leader dies
+    // (and comes back 5 s later): the pool must still end with every pod.
+    etcd.wipe_all();
     let wiped = Instant::now();
+    wait_pod_count(&etcd, |have| have >= total / 10, wiped, "re-push a tenth")?;
+    let victim = etcd
+        .leader()
+        .ok_or_else(|| anyhow::anyhow!("no etcd leader"))?;
+    let before_kill = etcd.keys("/registry/pods/").len();
+    etcd.kill_member(victim);
+    std::thread::sleep(Duration::from_secs(5));
+    etcd.start_member(victim);
+    etcd.wait_healthy(victim);
     let again = wait_pods(&etcd, total, wiped)?;
-    let (rev3, _) = etcd_state(&etcd)?;
+    let (rev3, db3) = etcd_state(&etcd)?;
 
     // Wait for a leader again (its sweep is what removes a dead hub's keys).
     let since = Instant::now();
@@ -157,27 +202,29 @@ pub fn scale() -> Result<()> {
         .unwrap_or_default();
 
     println!(
-        "bench pool-scale: {SCALE_HUBS} release hubs (one node each) × {SCALE_PODS} pods, one etcd member, on this 2-core machine"
+        "bench pool-scale: {SCALE_HUBS} release hubs (one node each) × {SCALE_PODS} pods, a 3-member etcd, on this 2-core machine"
     );
-    println!("{:<60} {:>12}", "metric", "value");
-    let line = |m: &str, v: String| println!("{m:<60} {v:>12}");
+    println!("{:<64} {:>14}", "metric", "value");
+    let line = |m: &str, v: String| println!("{m:<64} {v:>14}");
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / 1048576.0);
     line("hubs started and ready", format!("{start_s:.1} s"));
     line(
         &format!("lists answered -> all {total} pods in the coordinator"),
-        format!("{:.0} ms", first.as_secs_f64() * 1e3),
+        format!("{:.1} s", first.as_secs_f64()),
     );
     line(
         "etcd writes (revisions) for that first push",
         (rev1 - rev0).to_string(),
     );
     line(
+        "etcd WAL bytes written for it, all members",
+        mib(wal1 - wal0),
+    );
+    line(
         "pods held as JSON (the kubelets read protobuf)",
         as_json.to_string(),
     );
-    line(
-        "etcd database size after it",
-        format!("{:.1} MiB", db1 as f64 / 1048576.0),
-    );
+    line("etcd database size after it", mib(db1));
     line(
         &format!(
             "etcd writes over {} s with nothing changing",
@@ -185,13 +232,32 @@ pub fn scale() -> Result<()> {
         ),
         (rev2 - rev1).to_string(),
     );
+    line(
+        &format!(
+            "etcd WAL bytes over those {} s, all members",
+            QUIET.as_secs()
+        ),
+        mib(wal2 - wal1),
+    );
     line("leaders in the pool", leaders_quiet.to_string());
     line("hub RSS, mean", format!("{rss_mean:.1} MiB"));
+    for (i, kib) in rss_members.iter().enumerate() {
+        line(&format!("etcd member {i} RSS"), mib(kib * 1024));
+    }
     line(
-        "coordinator wiped -> all pods re-pushed",
-        format!("{:.0} ms", again.as_secs_f64() * 1e3),
+        "coordinator wiped -> all pods re-pushed (leader killed on the way)",
+        format!("{:.1} s", again.as_secs_f64()),
+    );
+    line(
+        "pods in the coordinator when its leader was killed",
+        before_kill.to_string(),
+    );
+    line(
+        "pods in the coordinator at the end of the re-push",
+        total.to_string(),
     );
     line("etcd writes for the re-push", rev3.to_string());
+    line("etcd database size after it", mib(db3));
     line(
         &format!("hub killed -> its pods swept (grace {GRACE_S} s)"),
         format!("{:.1} s", swept.as_secs_f64()),
@@ -228,7 +294,7 @@ fn identities(names: &[String]) -> Vec<&str> {
         .collect()
 }
 
-/// A pool on one machine: one etcd member, a stand-in with `nodes` nodes (`node-<i>`) of
+/// A pool on one machine: `members` etcd members, a stand-in with `nodes` nodes (`node-<i>`) of
 /// `pods` pods each, and per node a release hub speaking for it — its own membership,
 /// sets and identity at the cloud, as in a real pool — and that node's kubelet-style
 /// client. `pool_yaml` is the hub's pool configuration; the etcd endpoint is added.
@@ -241,14 +307,25 @@ struct NodePool {
     hubs_ready: Duration,
 }
 
-fn node_pool(tag: &str, nodes: usize, pods: usize, pool_yaml: &str) -> Result<NodePool> {
-    let etcd = EtcdCluster::start(1);
+fn node_pool(
+    tag: &str,
+    members: usize,
+    nodes: usize,
+    pods: usize,
+    pool_yaml: &str,
+) -> Result<NodePool> {
+    let etcd = EtcdCluster::start(members);
     let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
     let (node_count, pod_count) = (nodes.to_string(), pods.to_string());
     let mut args = vec!["--nodes", &node_count, "--pods-per-node", &pod_count];
     args.extend(identities(&names));
     let stack = Stack::start(tag, &args)?;
-    let pool = format!("{pool_yaml}  endpoints: [\"{}\"]\n", etcd.endpoints()[0]);
+    let endpoints: Vec<String> = etcd
+        .endpoints()
+        .iter()
+        .map(|e| format!("\"{e}\""))
+        .collect();
+    let pool = format!("{pool_yaml}  endpoints: [{}]\n", endpoints.join(", "));
     let started = Instant::now();
     let hubs: Vec<_> = names
         .iter()
@@ -276,7 +353,7 @@ pub fn pool() -> Result<()> {
         hubs,
         kubelets,
         ..
-    } = node_pool("bpl", NODES, PODS, "poolName: bench\ncoordinator:\n")?;
+    } = node_pool("bpl", 1, NODES, PODS, "poolName: bench\ncoordinator:\n")?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

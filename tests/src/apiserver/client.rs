@@ -291,7 +291,8 @@ impl Client {
     }
 }
 
-fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+/// The body of an HTTP/1.1 chunked answer.
+pub fn dechunk(mut raw: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(pos) = raw.windows(2).position(|w| w == b"\r\n") {
         let size =

@@ -45,6 +45,15 @@ pub fn now_rfc3339() -> String {
     rfc3339(now_unix())
 }
 
+/// Now as a MicroTime (what a Lease's renewTime holds): RFC 3339 with microseconds.
+pub fn now_micro() -> String {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let whole = rfc3339(d.as_secs());
+    format!("{}.{:06}Z", whole.trim_end_matches('Z'), d.subsec_micros())
+}
+
 pub fn parse_rfc3339(s: &str) -> Option<u64> {
     let b = s.as_bytes();
     if b.len() < 20 {
@@ -66,5 +75,8 @@ mod tests {
             super::parse_rfc3339("2026-11-30T00:53:20Z"),
             Some(1_796_000_000)
         );
+        let micro = super::now_micro();
+        assert_eq!((micro.len(), &micro[19..20], &micro[26..]), (27, ".", "Z"));
+        assert!(super::parse_rfc3339(&micro).is_some(), "{micro}");
     }
 }

@@ -27,15 +27,8 @@ impl Footprint {
     pub fn of(world: &World, hub: usize) -> Option<Footprint> {
         let h = &world.hubs[hub];
         let pid = h.pid()?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let field = |name: &str| -> u64 {
-            status
-                .lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
+        // status_kib reads the number of any /proc/<pid>/status field.
+        let field = |name: &str| crate::bench::status_kib(pid, name).unwrap_or(0);
         Some(Footprint {
             fds: std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64,
             threads: field("Threads:"),
@@ -57,14 +50,7 @@ impl Footprint {
 
 /// Peak RSS (VmHWM) of a process, in KiB.
 pub fn peak_rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    crate::bench::status_kib(pid, "VmHWM:")
 }
 
 /// Waits until every hub's footprint is back to its baseline; a violation if not.

@@ -9,7 +9,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hub_tests::apiserver::client::{Client, Reply};
+use hub_tests::apiserver::{
+    client::{Client, Reply},
+    time::now_micro,
+};
 use serde_json::{Value, json};
 
 use super::{ledger::Ledger, world::World};
@@ -240,35 +243,6 @@ fn lease_writer(ledger: &Ledger, c: &Client, node: &str) {
             _ => lease = Some(body),
         }
     }
-}
-
-fn now_micro() -> String {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (y, m, dd) = civil(days);
-    format!(
-        "{y:04}-{m:02}-{dd:02}T{:02}:{:02}:{:02}.{:06}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60,
-        d.subsec_micros()
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day) (Howard Hinnant's civil_from_days).
-fn civil(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 /// Patches the node's Ready condition every 2 s, as kubelet's status loop does.

@@ -273,26 +273,9 @@ fn admin_get(addr: &str, path: &str) -> Option<Vec<u8>> {
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked")
     {
-        return Some(dechunk(body));
+        return Some(hub_tests::apiserver::client::dechunk(body));
     }
     Some(body.to_vec())
-}
-
-fn dechunk(mut raw: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(pos) = raw.windows(2).position(|w| w == b"\r\n") {
-        let Ok(size) = usize::from_str_radix(String::from_utf8_lossy(&raw[..pos]).trim(), 16)
-        else {
-            break;
-        };
-        if size == 0 {
-            break;
-        }
-        let start = pos + 2;
-        out.extend_from_slice(&raw[start..(start + size).min(raw.len())]);
-        raw = raw.get(start + size + 2..).unwrap_or_default();
-    }
-    out
 }
 
 /// A small tmpfs mounted for the soak, unmounted when dropped.
