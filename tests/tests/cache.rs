@@ -456,13 +456,35 @@ fn a_corrupt_store_is_set_aside_and_a_full_disk_loses_nothing_stored() {
     });
     eprintln!("full disk: {errors}");
     assert_eq!(kubelet_get(&kubelet, "/api/v1/nodes/node-0").status, 200);
+    // The disk gets room again (the tmpfs grows): the list the store refused was kept and
+    // is stored now, with no client asking again.
+    let grown = Command::new("mount")
+        .args(["-o", "remount,size=64m"])
+        .arg(&small)
+        .status()
+        .unwrap();
+    assert!(grown.success());
+    let pods = |entries: &[Value]| {
+        entries
+            .iter()
+            .filter(|e| {
+                e["key"]
+                    .as_str()
+                    .is_some_and(|k| k.starts_with("/v1/pods/"))
+            })
+            .count()
+    };
+    full.wait_cached("kubelet", "the refused list, once there is room", |e| {
+        pods(e) == 10_004
+    });
     drop(hub);
-    // What was stored before stays readable; the store was not damaged.
+    // What was stored stays readable; the store was not damaged.
     let after = full.cache_ls("kubelet");
     assert!(
         after.iter().any(|e| e["key"] == "/v1/nodes/node-0"),
         "{after:?}"
     );
+    assert_eq!(pods(&after), 10_004);
 }
 
 #[test]

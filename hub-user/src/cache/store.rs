@@ -69,6 +69,9 @@ pub enum StoreError {
     Db(String),
 }
 
+/// What redb says (its `PreviousIo`) of every transaction after an I/O error.
+const AFTER_IO_ERROR: &str = "Previous I/O error";
+
 fn db_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Db(e.to_string())
 }
@@ -188,6 +191,40 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A record's flags.
+#[derive(Clone, Copy)]
+struct Flags {
+    deleted: bool,
+    one_off: bool,
+    left_selection: bool,
+}
+
+/// A record's bytes, from borrowed parts (`body` is `item.body`, or empty for a tombstone).
+fn encode_record(f: Flags, stored_at: u64, i: &Item, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + body.len());
+    out.push(RECORD_VERSION);
+    out.push(
+        u8::from(f.deleted)
+            | (u8::from(i.encoding == Encoding::Protobuf) << 1)
+            | (u8::from(f.one_off) << 2)
+            | (u8::from(f.left_selection) << 3),
+    );
+    out.extend_from_slice(&i.rv.to_le_bytes());
+    out.extend_from_slice(&stored_at.to_le_bytes());
+    for s in [&i.name, &i.namespace, &i.api_version, &i.kind] {
+        put_str(&mut out, s);
+    }
+    for pairs in [&i.labels, &i.fields] {
+        out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
+        for (k, v) in pairs {
+            put_str(&mut out, k);
+            put_str(&mut out, v);
+        }
+    }
+    out.extend_from_slice(body);
+    out
+}
+
 const RECORD_VERSION: u8 = 1;
 
 impl Record {
@@ -203,29 +240,16 @@ impl Record {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let i = &self.item;
-        let mut out = Vec::with_capacity(64 + i.body.len());
-        out.push(RECORD_VERSION);
-        out.push(
-            u8::from(self.deleted)
-                | (u8::from(i.encoding == Encoding::Protobuf) << 1)
-                | (u8::from(self.one_off) << 2)
-                | (u8::from(self.left_selection) << 3),
-        );
-        out.extend_from_slice(&i.rv.to_le_bytes());
-        out.extend_from_slice(&self.stored_at.to_le_bytes());
-        for s in [&i.name, &i.namespace, &i.api_version, &i.kind] {
-            put_str(&mut out, s);
-        }
-        for pairs in [&i.labels, &i.fields] {
-            out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
-            for (k, v) in pairs {
-                put_str(&mut out, k);
-                put_str(&mut out, v);
-            }
-        }
-        out.extend_from_slice(&i.body);
-        out
+        encode_record(
+            Flags {
+                deleted: self.deleted,
+                one_off: self.one_off,
+                left_selection: self.left_selection,
+            },
+            self.stored_at,
+            &self.item,
+            &self.item.body,
+        )
     }
 
     pub fn version(&self) -> Version {
@@ -437,6 +461,8 @@ pub struct Store {
     /// The outbox's length, set inside each transaction that changes it (write
     /// transactions run one at a time, so the last value set is the committed length).
     queued: AtomicU64,
+    /// Closed after an I/O error and not yet open again.
+    reopening: std::sync::atomic::AtomicBool,
 }
 
 /// Creates `dir` owner-only (0700), or tightens it if it exists.
@@ -495,6 +521,7 @@ impl Store {
             db: std::sync::RwLock::new(Some(Db::ReadWrite(db))),
             path,
             queued: Default::default(),
+            reopening: Default::default(),
         };
         let queued = store.queue_len()?;
         store.queued.store(queued, Ordering::Relaxed);
@@ -526,6 +553,7 @@ impl Store {
             db: std::sync::RwLock::new(Some(db)),
             path,
             queued: Default::default(),
+            reopening: Default::default(),
         })
     }
 
@@ -604,7 +632,44 @@ impl Store {
     }
 
     /// Applies a batch of writes in one transaction, durably (fsync before returning).
-    pub fn apply(&self, writes: Vec<Write>) -> Result<Applied, StoreError> {
+    pub fn apply(&self, writes: &[Write]) -> Result<Applied, StoreError> {
+        let result = self.apply_once(writes);
+        if let Err(e) = &result
+            && (e.to_string().contains(AFTER_IO_ERROR) || self.reopening.load(Ordering::Relaxed))
+        {
+            self.reopen();
+        }
+        result
+    }
+
+    /// After an I/O error (a full disk) redb refuses every transaction until the database
+    /// is opened again: do so, so the next write (the writer tries again) can land.
+    fn reopen(&self) {
+        let mut db = self.db.write().unwrap_or_else(|p| p.into_inner());
+        let writable = matches!(db.as_ref(), Some(Db::ReadWrite(_)));
+        if !writable && !self.reopening.load(Ordering::Relaxed) {
+            return; // closed on purpose, or read-only
+        }
+        self.reopening.store(true, Ordering::Relaxed);
+        // The old handle holds the file's lock: drop it first.
+        drop(db.take());
+        match Database::builder()
+            .set_cache_size(PAGE_CACHE_BYTES)
+            .create(&self.path)
+        {
+            Ok(fresh) => {
+                tracing::info!(path = %self.path.display(), "cache store reopened after an I/O error");
+                *db = Some(Db::ReadWrite(fresh));
+                self.reopening.store(false, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(
+                path = %self.path.display(),
+                "cache store: reopening after an I/O error failed (tried again at the next write): {e}"
+            ),
+        }
+    }
+
+    fn apply_once(&self, writes: &[Write]) -> Result<Applied, StoreError> {
         let mut applied = Applied::default();
         // Most GETs and many events repeat what the store holds: find those with a cheap
         // read so that a batch of nothing new costs no write transaction (and no fsync).
@@ -624,7 +689,11 @@ impl Store {
             let now = now();
             for w in writes {
                 match w {
-                    Write::Upsert { key, item, one_off } => {
+                    &Write::Upsert {
+                        ref key,
+                        ref item,
+                        one_off,
+                    } => {
                         let k = key.encode();
                         let old = stored(&objects, &k)?;
                         if old
@@ -636,15 +705,20 @@ impl Store {
                         }
                         // An object a list or watch keeps current stays so after a GET.
                         let one_off = one_off && old.is_none_or(|o| o.one_off || o.deleted);
-                        let rec = Record::live(item, one_off, now);
+                        let flags = Flags {
+                            deleted: false,
+                            one_off,
+                            left_selection: false,
+                        };
+                        let rec = encode_record(flags, now, item, &item.body);
                         objects
-                            .insert(k.as_slice(), rec.encode().as_slice())
+                            .insert(k.as_slice(), rec.as_slice())
                             .map_err(db_err)?;
                         applied.written += 1;
                     }
-                    Write::Delete {
-                        key,
-                        item,
+                    &Write::Delete {
+                        ref key,
+                        ref item,
                         left_selection,
                     } => {
                         let k = key.encode();
@@ -654,10 +728,14 @@ impl Store {
                             applied.stale += 1;
                             continue;
                         }
-                        let mut rec = tombstone(item, now);
-                        rec.left_selection = left_selection;
+                        let flags = Flags {
+                            deleted: true,
+                            one_off: false,
+                            left_selection,
+                        };
+                        let rec = encode_record(flags, now, item, &[]);
                         objects
-                            .insert(k.as_slice(), rec.encode().as_slice())
+                            .insert(k.as_slice(), rec.as_slice())
                             .map_err(db_err)?;
                         applied.deleted += 1;
                     }
@@ -674,27 +752,27 @@ impl Store {
                     } => {
                         replace_list(
                             &mut objects,
-                            &credential,
-                            &component,
-                            &gvr,
-                            &namespace,
-                            prune.then_some(&selector),
-                            rv,
+                            credential,
+                            component,
+                            gvr,
+                            namespace,
+                            prune.then_some(selector),
+                            *rv,
                             items,
                             now,
                             &mut applied,
                         )?;
                         let meta = ListMeta {
-                            rv,
+                            rv: *rv,
                             unfiltered: selector.is_empty(),
                             selector: (
                                 selector.source().0.to_string(),
                                 selector.source().1.to_string(),
                             ),
-                            kind: list_kind,
+                            kind: list_kind.clone(),
                             stored_at: now,
                         };
-                        remember_list(&mut lists, &credential, &gvr, &namespace, &meta)?;
+                        remember_list(&mut lists, credential, gvr, namespace, &meta)?;
                     }
                     Write::Raw {
                         path,
@@ -716,19 +794,19 @@ impl Store {
     }
 
     /// Drops upserts the store already holds (same or newer state), counting them stale.
-    fn without_repeats(
+    fn without_repeats<'w>(
         &self,
-        writes: Vec<Write>,
+        writes: &'w [Write],
         applied: &mut Applied,
-    ) -> Result<Vec<Write>, StoreError> {
+    ) -> Result<Vec<&'w Write>, StoreError> {
         if !writes.iter().any(|w| matches!(w, Write::Upsert { .. })) {
-            return Ok(writes);
+            return Ok(writes.iter().collect());
         }
         let txn = self.read()?;
         let objects = txn.open_table(OBJECTS).map_err(db_err)?;
         let mut out = Vec::with_capacity(writes.len());
         for w in writes {
-            if let Write::Upsert { key, item, .. } = &w
+            if let Write::Upsert { key, item, .. } = w
                 && stored_version(&objects, &key.encode())?
                     .is_some_and(|v| supersedes(v, item.rv, item.encoding))
             {
@@ -1007,7 +1085,7 @@ fn replace_list(
     namespace: &str,
     prune: Option<&Selector>,
     rv: u64,
-    items: Vec<Item>,
+    items: &[Item],
     now: u64,
     applied: &mut Applied,
 ) -> Result<(), StoreError> {
@@ -1044,11 +1122,15 @@ fn replace_list(
             applied.stale += 1;
             continue;
         }
-        let rec = Record::live(item, false, now);
+        let flags = Flags {
+            deleted: false,
+            one_off: false,
+            left_selection: false,
+        };
         objects
             .insert(
                 key_of(&id.0, &id.1).encode().as_slice(),
-                rec.encode().as_slice(),
+                encode_record(flags, now, item, &item.body).as_slice(),
             )
             .map_err(db_err)?;
         applied.written += 1;
@@ -1176,13 +1258,13 @@ mod tests {
                 .1
                 .one_off
         };
-        s.apply(vec![get(5)]).unwrap();
+        s.apply(&[get(5)]).unwrap();
         assert!(one_off(&s));
-        s.apply(vec![replace("", "", 6, vec![item("d", "a", 6, "web")])])
+        s.apply(&[replace("", "", 6, vec![item("d", "a", 6, "web")])])
             .unwrap();
         assert!(!one_off(&s));
         // A later GET of a listed object does not make it one-off again.
-        s.apply(vec![get(7)]).unwrap();
+        s.apply(&[get(7)]).unwrap();
         assert!(!one_off(&s));
         std::fs::remove_dir_all(dir).unwrap();
     }
@@ -1196,10 +1278,10 @@ mod tests {
             item: item("d", "a", rv, "web"),
             one_off: false,
         };
-        s.apply(vec![up(5)]).unwrap();
-        let a = s.apply(vec![up(4), up(5)]).unwrap();
+        s.apply(&[up(5)]).unwrap();
+        let a = s.apply(&[up(4), up(5)]).unwrap();
         assert_eq!((a.written, a.stale), (0, 2));
-        s.apply(vec![Write::Delete {
+        s.apply(&[Write::Delete {
             key: key("d", "a", "kubelet"),
             item: item("d", "a", 8, "web"),
             left_selection: true,
@@ -1209,15 +1291,15 @@ mod tests {
         let stored = s.scan(&prefix("node", "/v1/pods", None, None)).unwrap();
         assert!(stored[0].1.deleted && stored[0].1.left_selection);
         // An event from before the deletion does not resurrect it.
-        assert_eq!(s.apply(vec![up(7)]).unwrap().stale, 1);
+        assert_eq!(s.apply(&[up(7)]).unwrap().stale, 1);
         assert!(live(&s).is_empty());
-        s.apply(vec![up(9)]).unwrap();
+        s.apply(&[up(9)]).unwrap();
         assert_eq!(live(&s), vec![("d/a@kubelet".into(), 9)]);
         // The same state asked for in another encoding replaces the stored form.
         let mut pb = item("d", "a", 9, "web");
         pb.encoding = Encoding::Protobuf;
         let a = s
-            .apply(vec![Write::Upsert {
+            .apply(&[Write::Upsert {
                 key: key("d", "a", "kubelet"),
                 item: pb,
                 one_off: false,
@@ -1231,7 +1313,7 @@ mod tests {
     fn list_replace_respects_namespace_selector_component_and_newer_events() {
         let dir = temp();
         let s = Store::open(&dir).unwrap();
-        s.apply(vec![
+        s.apply(&[
             replace(
                 "",
                 "",
@@ -1250,13 +1332,8 @@ mod tests {
         ])
         .unwrap();
         // A namespaced list of ns1 does not touch ns10 (prefix trap: ns1 vs ns10).
-        s.apply(vec![replace(
-            "ns1",
-            "",
-            11,
-            vec![item("ns1", "a", 3, "web")],
-        )])
-        .unwrap();
+        s.apply(&[replace("ns1", "", 11, vec![item("ns1", "a", 3, "web")])])
+            .unwrap();
         assert_eq!(
             live(&s),
             vec![
@@ -1266,22 +1343,17 @@ mod tests {
             ]
         );
         // A newer event, then an older list without the object: the event's state stays.
-        s.apply(vec![Write::Upsert {
+        s.apply(&[Write::Upsert {
             key: key("ns10", "d", "kubelet"),
             item: item("ns10", "d", 20, "web"),
             one_off: false,
         }])
         .unwrap();
         // A selector-limited list only replaces what the selector covers.
-        s.apply(vec![replace("", "app=db", 15, vec![])]).unwrap();
+        s.apply(&[replace("", "app=db", 15, vec![])]).unwrap();
         assert_eq!(live(&s).len(), 4);
-        s.apply(vec![replace(
-            "",
-            "app=web",
-            15,
-            vec![item("ns1", "a", 3, "web")],
-        )])
-        .unwrap();
+        s.apply(&[replace("", "app=web", 15, vec![item("ns1", "a", 3, "web")])])
+            .unwrap();
         assert_eq!(
             live(&s),
             vec![
@@ -1390,12 +1462,10 @@ mod tests {
         };
         let started = std::time::Instant::now();
         let n = MAX_LISTS_PER_SCOPE + 10;
-        s.apply(
-            (0..n)
-                .map(|i| by_name(&format!("cm-{i}"), i as u64 + 1))
-                .collect(),
-        )
-        .unwrap();
+        let writes: Vec<Write> = (0..n)
+            .map(|i| by_name(&format!("cm-{i}"), i as u64 + 1))
+            .collect();
+        s.apply(&writes).unwrap();
         let metas = s.list_metas("node", "/v1/configmaps", "ns1").unwrap();
         eprintln!(
             "{n} per-name lists recorded in {:?}; {} kept",
@@ -1405,7 +1475,7 @@ mod tests {
         assert_eq!(metas.len(), MAX_LISTS_PER_SCOPE);
         assert!(metas.iter().all(|m| m.kind == "ConfigMapList"));
         // The same selector again replaces its record, it does not add one.
-        s.apply(vec![by_name("cm-5000", 9999)]).unwrap();
+        s.apply(&[by_name("cm-5000", 9999)]).unwrap();
         let metas = s.list_metas("node", "/v1/configmaps", "ns1").unwrap();
         assert_eq!(metas.len(), MAX_LISTS_PER_SCOPE);
         assert!(metas.iter().any(|m| m.rv == 9999));

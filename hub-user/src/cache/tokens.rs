@@ -124,7 +124,7 @@ impl Cache {
             content_type: answer_type.to_string(),
             body: answer.to_vec(),
         };
-        if let Err(e) = self.store.apply(vec![write]) {
+        if let Err(e) = self.store.apply(&[write]) {
             self.stats
                 .error(format!("keeping a service-account token: {e}"));
         }

@@ -36,6 +36,52 @@ const STAGED_MAX: usize = 64;
 /// next lists (1k JSON pods: 1.16× direct instead of 1.07×, same run).
 const GATHER: Duration = Duration::from_millis(10);
 
+/// How often writes the store refused (a full disk) are tried again while nothing new
+/// comes.
+const RETRY_REFUSED_EVERY: Duration = Duration::from_secs(1);
+/// Writes the store refused are kept, in order, up to about this many bytes; past it the
+/// oldest are dropped (memory stays bounded whatever the disk does).
+const BACKLOG_MAX_BYTES: usize = 64 << 20;
+
+/// Writes the store refused, oldest first: they go before anything newer, so a full disk
+/// that empties again loses nothing a client was shown.
+#[derive(Default)]
+struct Backlog {
+    writes: Vec<Write>,
+    bytes: usize,
+}
+
+impl Backlog {
+    /// The refused writes, then `newer`; the backlog is left empty.
+    fn take_then(&mut self, newer: Vec<Write>) -> Vec<Write> {
+        self.bytes = 0;
+        let mut all = std::mem::take(&mut self.writes);
+        all.extend(newer);
+        all
+    }
+
+    /// Keeps `refused` to try again, within the bound; returns how many were dropped.
+    fn keep(&mut self, refused: Vec<Write>) -> usize {
+        self.bytes = refused.iter().map(write_bytes).sum();
+        self.writes = refused;
+        let mut dropped = 0;
+        while self.bytes > BACKLOG_MAX_BYTES && !self.writes.is_empty() {
+            self.bytes -= write_bytes(&self.writes.remove(0));
+            dropped += 1;
+        }
+        dropped
+    }
+}
+
+/// About what a write holds in memory.
+fn write_bytes(w: &Write) -> usize {
+    match w {
+        Write::Upsert { item, .. } | Write::Delete { item, .. } => 128 + item.body.len(),
+        Write::ReplaceList { items, .. } => items.iter().map(|i| 128 + i.body.len()).sum(),
+        Write::Raw { body, .. } => 128 + body.len(),
+    }
+}
+
 /// Where a teed answer belongs.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -174,12 +220,24 @@ pub fn start(store: Arc<Store>, stats: Arc<Stats>) -> Writer {
 
 fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
     let mut staged: HashMap<String, Staged> = HashMap::new();
-    while let Ok(first) = rx.recv() {
-        if first.is_small() {
+    let mut backlog = Backlog::default();
+    loop {
+        // With writes the store refused waiting, wake now and then to try them again.
+        let first = if backlog.writes.is_empty() {
+            rx.recv().map(Some).map_err(|_| ())
+        } else {
+            match rx.recv_timeout(RETRY_REFUSED_EVERY) {
+                Ok(op) => Ok(Some(op)),
+                Err(mpsc::RecvTimeoutError::Timeout) => Ok(None),
+                Err(mpsc::RecvTimeoutError::Disconnected) => Err(()),
+            }
+        };
+        let Ok(first) = first else { break };
+        if first.as_ref().is_some_and(Op::is_small) {
             std::thread::sleep(GATHER);
         }
-        let mut ops = vec![first];
-        while ops.len() < BATCH_OPS {
+        let mut ops: Vec<Op> = first.into_iter().collect();
+        while !ops.is_empty() && ops.len() < BATCH_OPS {
             match rx.try_recv() {
                 Ok(op) => ops.push(op),
                 Err(_) => break,
@@ -216,12 +274,14 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
             }
         }
         drop(snapshot);
+        // What the store refused before goes first, in its order.
+        let writes = backlog.take_then(writes);
         if !writes.is_empty() {
             let large = writes.len() >= TRIM_AFTER
                 || writes.iter().any(
                     |w| matches!(w, Write::ReplaceList { items, .. } if items.len() >= TRIM_AFTER),
                 );
-            let result = store.apply(writes);
+            let result = store.apply(&writes);
             if large {
                 // Parsed lists are freed now; give the memory back instead of keeping the
                 // peak as RSS.
@@ -238,7 +298,18 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
                 }
                 Err(e) => {
                     stats.write_errors.fetch_add(1, Ordering::Relaxed);
-                    stats.error(format!("write not stored, cache unchanged: {e}"));
+                    let dropped = backlog.keep(writes);
+                    stats.error(format!(
+                        "write not stored, cache unchanged: {e}; {} writes kept to try again{}",
+                        backlog.writes.len(),
+                        if dropped > 0 {
+                            format!(
+                                ", the {dropped} oldest dropped (over {BACKLOG_MAX_BYTES} bytes)"
+                            )
+                        } else {
+                            String::new()
+                        }
+                    ));
                 }
             }
         }
