@@ -28,7 +28,8 @@ commands:
                (WHAT: intercept, proxy, cache, coordinator, pool, pool-scale); --rounds N
   soak         two hubs of one pool under node traffic while the cloud, etcd members, the
                whole coordinator, a hub and a cache disk fail on a schedule; invariants are
-               hard failures; report in target/soak-report.json. --minutes N (default 3)
+               hard failures; --minutes N (default 3), --report PATH (default
+               target/soak-report.json; the hubs' logs beside it)
   fuzz         mutate recorded inputs through every parser that takes outside bytes
                (hub-fuzz); --seconds N in all (default 60), --seed S; fails on a finding";
 

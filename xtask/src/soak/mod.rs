@@ -12,7 +12,10 @@ mod world;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -49,6 +52,25 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Sleeps `d`, or fails as soon as the soak is interrupted (Ctrl-C, SIGTERM): every
+/// process and mount it made is then removed as it unwinds.
+fn pause(d: Duration) -> Result<()> {
+    let until = Instant::now() + d;
+    while Instant::now() < until {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            bail!("interrupted");
+        }
+        std::thread::sleep(Duration::from_millis(100).min(until - Instant::now()));
+    }
+    Ok(())
+}
+
 pub fn run(args: &[String]) -> Result<()> {
     let minutes: f64 = args
         .windows(2)
@@ -56,6 +78,10 @@ pub fn run(args: &[String]) -> Result<()> {
         .map(|w| w[1].parse())
         .transpose()?
         .unwrap_or(3.0);
+    let report = args.windows(2).find(|w| w[0] == "--report").map_or_else(
+        || crate::root().join("target/soak-report.json"),
+        |w| w[1].clone().into(),
+    );
     if minutes <= 0.0 || minutes > 24.0 * 60.0 {
         bail!("--minutes must be between 0 and 1440");
     }
@@ -63,7 +89,11 @@ pub fn run(args: &[String]) -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("the soak mounts a tmpfs for a hub's cache: run it as root");
     }
-    let soak = Soak::start(minutes)?;
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+    let soak = Soak::start(minutes, report)?;
     soak.run()
 }
 
@@ -78,12 +108,14 @@ struct Soak {
     /// The hubs' current process ids, for the scraper.
     pids: Arc<Mutex<Vec<Option<u32>>>>,
     minutes: f64,
+    /// Where the JSON report goes; the hubs' logs go beside it (`<stem>-logs/`).
+    report: std::path::PathBuf,
     started: Instant,
     flaps: u64,
 }
 
 impl Soak {
-    fn start(minutes: f64) -> Result<Soak> {
+    fn start(minutes: f64, report: std::path::PathBuf) -> Result<Soak> {
         eprintln!("soak: starting the cloud, a 3-member etcd and two hubs");
         let world = World::start()?;
         let pids = world.hubs.iter().map(world::Hub::pid).collect();
@@ -96,6 +128,7 @@ impl Soak {
             routes: Arc::default(),
             peak_rss: Arc::default(),
             minutes,
+            report,
             started: Instant::now(),
             flaps: 0,
         })
@@ -111,7 +144,7 @@ impl Soak {
                 bail!("hub {i}'s coordinator did not become healthy");
             }
         }
-        std::thread::sleep(Duration::from_secs(5));
+        pause(Duration::from_secs(5))?;
         checks::converged(&self.world, &self.ledger, Duration::from_secs(30));
         self.baselines = (0..self.world.hubs.len())
             .map(|i| Footprint::of(&self.world, i).unwrap_or_default())
@@ -195,7 +228,7 @@ impl Soak {
     /// After a fault: both hubs back on the cloud and the coordinator, the coordinator
     /// holding the cloud's state within `converge` of the fault's end, every footprint
     /// back to its baseline.
-    fn recovered(&mut self, fault: &str, converge: Duration) {
+    fn recovered(&mut self, fault: &str, converge: Duration) -> Result<()> {
         let back = Instant::now();
         self.each_hub_sees(&format!("recover {fault}"), Duration::from_secs(30), |s| {
             cloud_healthy(s, true) && coordinator_healthy(s)
@@ -209,7 +242,7 @@ impl Soak {
         }
         checks::settled(&self.world, &self.ledger, &self.baselines);
         self.ledger.set_phase("steady");
-        std::thread::sleep(Duration::from_secs(2));
+        pause(Duration::from_secs(2))
     }
 
     fn cloud_killed(&mut self, n: u32, hold: Duration) -> Result<()> {
@@ -218,7 +251,7 @@ impl Soak {
         self.each_hub_sees("detect cloud-killed", Duration::from_secs(10), |s| {
             cloud_healthy(s, false)
         });
-        std::thread::sleep(hold);
+        pause(hold)?;
         // Node autonomy: each node's kubelet got its pods listed while the cloud was gone.
         for i in 0..self.world.hubs.len() {
             if self.ledger.offline_lists(i) == 0 {
@@ -228,7 +261,7 @@ impl Soak {
             }
         }
         self.world.relay.up()?;
-        self.recovered("cloud-killed", checks::CONVERGE_WITHIN);
+        self.recovered("cloud-killed", checks::CONVERGE_WITHIN)?;
         Ok(())
     }
 
@@ -238,9 +271,9 @@ impl Soak {
         self.each_hub_sees("detect cloud-frozen", Duration::from_secs(10), |s| {
             cloud_healthy(s, false)
         });
-        std::thread::sleep(hold);
+        pause(hold)?;
         self.world.freeze_cloud(false);
-        self.recovered("cloud-frozen", checks::CONVERGE_WITHIN);
+        self.recovered("cloud-frozen", checks::CONVERGE_WITHIN)?;
         Ok(())
     }
 
@@ -276,7 +309,7 @@ impl Soak {
         let errors_before = hub_errors(&self.ledger);
         self.phase(name, n);
         self.world.cloud_faults(latency_ms, errors)?;
-        std::thread::sleep(hold);
+        pause(hold)?;
         self.world.cloud_faults(0, 0)?;
         for (i, b) in before.iter().enumerate() {
             let after = checks::cloud_transitions(&self.world, i);
@@ -293,7 +326,7 @@ impl Soak {
                 "{errs} requests got the hub's own error while the cloud answered"
             ));
         }
-        self.recovered(name, checks::CONVERGE_WITHIN);
+        self.recovered(name, checks::CONVERGE_WITHIN)?;
         Ok(())
     }
 
@@ -301,12 +334,12 @@ impl Soak {
         self.phase("flapping", n);
         for _ in 0..flaps {
             self.world.relay.down();
-            std::thread::sleep(Duration::from_millis(500));
+            pause(Duration::from_millis(500))?;
             self.world.relay.up()?;
-            std::thread::sleep(Duration::from_millis(1000));
+            pause(Duration::from_millis(1000))?;
             self.flaps += 1;
         }
-        self.recovered("cloud-flapping", checks::CONVERGE_WITHIN);
+        self.recovered("cloud-flapping", checks::CONVERGE_WITHIN)?;
         Ok(())
     }
 
@@ -328,6 +361,7 @@ impl Soak {
         self.world.etcd.kill_member(victim);
         // Two of three members keep quorum: losing one that is not the leader is no
         // outage of the coordinator (the leader's costs an election).
+        let killed = Instant::now();
         match checks::holds_for(&self.world, hold, coordinator_healthy) {
             Some((hub, after)) if !leader => self.ledger.violation(format!(
                 "hub {hub} lost the coordinator {} ms after one member of three died",
@@ -335,12 +369,13 @@ impl Soak {
             )),
             _ => {}
         }
+        pause(hold.saturating_sub(killed.elapsed()))?;
         self.world.etcd.start_member(victim);
         self.world.etcd.wait_healthy(victim);
         self.recovered(
             if leader { "etcd-leader" } else { "etcd-member" },
             COORDINATOR_BACK,
-        );
+        )?;
         Ok(())
     }
 
@@ -353,14 +388,14 @@ impl Soak {
         self.each_hub_sees("detect coordinator-down", Duration::from_secs(30), |s| {
             !coordinator_healthy(s)
         });
-        std::thread::sleep(hold);
+        pause(hold)?;
         for i in 0..3 {
             self.world.etcd.start_member(i);
         }
         for i in 0..3 {
             self.world.etcd.wait_healthy(i);
         }
-        self.recovered("coordinator-down", COORDINATOR_BACK);
+        self.recovered("coordinator-down", COORDINATOR_BACK)?;
         Ok(())
     }
 
@@ -370,14 +405,14 @@ impl Soak {
         self.phase("hub-killed", n);
         self.scrape_once();
         self.world.hubs[victim].kill9();
-        std::thread::sleep(Duration::from_secs(1));
+        pause(Duration::from_secs(1))?;
         let started = Instant::now();
         self.world.hubs[victim].start()?;
         self.times.add("hub restart to ready", started.elapsed());
         self.pids.lock().unwrap()[victim] = self.world.hubs[victim].pid();
-        self.recovered("hub-killed", COORDINATOR_BACK);
+        self.recovered("hub-killed", COORDINATOR_BACK)?;
         // A new process: its baseline is its own, once its clients are back.
-        std::thread::sleep(Duration::from_secs(3));
+        pause(Duration::from_secs(3))?;
         if let Some(f) = Footprint::of(&self.world, victim) {
             self.baselines[victim] = f;
         }
@@ -393,7 +428,7 @@ impl Soak {
             "soak:          filled node-0's cache disk with {} MiB",
             filled >> 20
         );
-        std::thread::sleep(hold);
+        pause(hold)?;
         self.world.disk.free();
         if !self.world.hubs[0]
             .proc
@@ -405,7 +440,7 @@ impl Soak {
             self.world.hubs[0].start()?;
             self.pids.lock().unwrap()[0] = self.world.hubs[0].pid();
         }
-        self.recovered("disk-full", checks::CONVERGE_WITHIN);
+        self.recovered("disk-full", checks::CONVERGE_WITHIN)?;
         Ok(())
     }
 
@@ -519,15 +554,19 @@ impl Soak {
             "acked_lease_writes": acked, "replayed_duplicates": duplicates,
             "served_states": served, "peak_rss_kib": peak, "violations": violations,
         });
-        let logs = crate::root().join("target/soak-logs");
+        let logs = self.report.with_extension("").with_file_name(format!(
+            "{}-logs",
+            self.report
+                .file_stem()
+                .map_or("soak".into(), |s| s.to_string_lossy())
+        ));
         std::fs::create_dir_all(&logs)?;
         for h in &self.world.hubs {
             std::fs::copy(h.log_path(), logs.join(format!("{}.log", h.node)))?;
         }
         println!("hub logs: {}", logs.display());
-        let path = crate::root().join("target/soak-report.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(&report)?)?;
-        println!("report: {}", path.display());
+        std::fs::write(&self.report, serde_json::to_vec_pretty(&report)?)?;
+        println!("report: {}", self.report.display());
         if !violations.is_empty() {
             println!("INVARIANTS BROKEN ({}):", violations.len());
             for v in violations.iter().take(50) {
