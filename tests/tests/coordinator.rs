@@ -805,3 +805,65 @@ fn a_default_limits_etcd_takes_big_sets_in_chunks_and_an_interrupted_replace_is_
     );
     assert_eq!(etcd_dump(&etcd, "/registry/pods/wide/").1.len(), 200);
 }
+
+/// The ownership store on a disk that fills up: its writes fail (nothing in etcd is
+/// touched), and once there is room again it works without a restart — redb refuses
+/// every transaction after an I/O error until the database is opened again.
+#[test]
+fn the_ownership_store_recovers_from_a_full_disk() {
+    use std::process::Command;
+    if !hub_tests::privileged::check("the_ownership_store_recovers_from_a_full_disk") {
+        return;
+    }
+    use hub::coordinator::owned::Intent;
+    let dir = TempDir::new("owned");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(dir.path().to_path_buf());
+    let owned = Owned::open(&dir.path().join("state")).unwrap();
+    let intent = |n: usize| Intent {
+        component: "kubelet".into(),
+        put: (0..n)
+            .map(|i| {
+                (
+                    format!("/registry/pods/full/p{i:05}-{}", "x".repeat(200)),
+                    1,
+                )
+            })
+            .collect(),
+        delete: vec![],
+    };
+    let id = owned.begin(&intent(10)).unwrap();
+    owned.finish(id, "kubelet", &intent(10).put, &[]).unwrap();
+    // Fill the disk; an intent of 1000 keys (~250 KiB) no longer fits.
+    let filler = dir.path().join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    for _ in 0..64 {
+        if std::io::Write::write_all(&mut f, &chunk).is_err() {
+            break;
+        }
+    }
+    drop(f);
+    let mut failed = false;
+    for _ in 0..5 {
+        failed |= owned.begin(&intent(1000)).is_err();
+    }
+    assert!(failed, "a full disk refuses the intent");
+    std::fs::remove_file(&filler).unwrap();
+    let id = owned
+        .begin(&intent(1000))
+        .expect("with room again, the store works without a restart");
+    owned.finish(id, "kubelet", &intent(1000).put, &[]).unwrap();
+    assert_eq!(owned.keys("kubelet", "").unwrap().len(), 1000);
+}

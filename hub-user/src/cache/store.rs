@@ -69,8 +69,9 @@ pub enum StoreError {
     Db(String),
 }
 
-/// What redb says (its `PreviousIo`) of every transaction after an I/O error.
-const AFTER_IO_ERROR: &str = "Previous I/O error";
+/// Part of what redb says of an I/O error (a full disk) and, its `PreviousIo`, of every
+/// transaction after one until the database is opened again.
+pub const IO_ERROR_TEXT: &str = "I/O error";
 
 fn db_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Db(e.to_string())
@@ -635,7 +636,7 @@ impl Store {
     pub fn apply(&self, writes: &[Write]) -> Result<Applied, StoreError> {
         let result = self.apply_once(writes);
         if let Err(e) = &result
-            && (e.to_string().contains(AFTER_IO_ERROR) || self.reopening.load(Ordering::Relaxed))
+            && (e.to_string().contains(IO_ERROR_TEXT) || self.reopening.load(Ordering::Relaxed))
         {
             self.reopen();
         }

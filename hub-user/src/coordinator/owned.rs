@@ -8,6 +8,10 @@
 use std::{
     os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -38,8 +42,12 @@ pub struct Intent {
 }
 
 pub struct Owned {
-    db: Database,
+    /// None only after an I/O error, until it is opened again.
+    db: RwLock<Option<Arc<Database>>>,
     path: PathBuf,
+    /// An I/O error (a full disk) was seen: redb refuses everything after one until the
+    /// database is opened again, which the next use does.
+    reopen: AtomicBool,
 }
 
 fn owned_key(component: &str, key: &str) -> String {
@@ -72,19 +80,57 @@ impl Owned {
         txn.open_table(OWNED).map_err(|e| err(&e))?;
         txn.open_table(INTENTS).map_err(|e| err(&e))?;
         txn.commit().map_err(|e| err(&e))?;
-        Ok(Owned { db, path })
+        Ok(Owned {
+            db: RwLock::new(Some(Arc::new(db))),
+            path,
+            reopen: AtomicBool::new(false),
+        })
     }
 
     fn err(&self, e: impl std::fmt::Display) -> OwnedError {
+        let reason = e.to_string();
+        if reason.contains(crate::cache::store::IO_ERROR_TEXT) {
+            self.reopen.store(true, Ordering::SeqCst);
+        }
         OwnedError {
             path: self.path.clone(),
-            reason: e.to_string(),
+            reason,
         }
+    }
+
+    /// The database, opened again first if an I/O error asked for it.
+    fn db(&self) -> Result<Arc<Database>, OwnedError> {
+        if self.reopen.load(Ordering::SeqCst) {
+            let mut db = self.db.write().unwrap_or_else(|p| p.into_inner());
+            // The old handle holds the file's lock: drop it first (an operation still
+            // holding it makes this fail; the next use tries again).
+            *db = None;
+            match Database::create(&self.path) {
+                Ok(fresh) => {
+                    tracing::info!(path = %self.path.display(), "coordinator ownership store reopened after an I/O error");
+                    *db = Some(Arc::new(fresh));
+                    self.reopen.store(false, Ordering::SeqCst);
+                }
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), "coordinator ownership store: reopening failed: {e}")
+                }
+            }
+        }
+        self.db
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| OwnedError {
+                path: self.path.clone(),
+                reason: "closed after an I/O error; opening it again failed (tried at each use)"
+                    .into(),
+            })
     }
 
     /// The keys `component` owns that start with `prefix` ("" = all), sorted.
     pub fn keys(&self, component: &str, prefix: &str) -> Result<Vec<(String, u64)>, OwnedError> {
-        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let db = self.db()?;
+        let txn = db.begin_read().map_err(|e| self.err(e))?;
         let table = txn.open_table(OWNED).map_err(|e| self.err(e))?;
         let start = owned_key(component, prefix);
         let mut out = Vec::new();
@@ -100,7 +146,8 @@ impl Owned {
 
     /// Every component that owns something.
     pub fn components(&self) -> Result<Vec<String>, OwnedError> {
-        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let db = self.db()?;
+        let txn = db.begin_read().map_err(|e| self.err(e))?;
         let table = txn.open_table(OWNED).map_err(|e| self.err(e))?;
         let mut out: Vec<String> = Vec::new();
         for entry in table.iter().map_err(|e| self.err(e))? {
@@ -115,7 +162,8 @@ impl Owned {
 
     /// Records what an operation is about to do, durably, before it touches etcd.
     pub fn begin(&self, intent: &Intent) -> Result<u64, OwnedError> {
-        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        let db = self.db()?;
+        let txn = db.begin_write().map_err(|e| self.err(e))?;
         let id = {
             let mut t = txn.open_table(INTENTS).map_err(|e| self.err(e))?;
             let id = t
@@ -141,7 +189,8 @@ impl Owned {
         owned: &[(String, u64)],
         released: &[String],
     ) -> Result<(), OwnedError> {
-        let mut txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        let db = self.db()?;
+        let mut txn = db.begin_write().map_err(|e| self.err(e))?;
         txn.set_durability(redb::Durability::None)
             .map_err(|e| self.err(e))?;
         {
@@ -164,7 +213,8 @@ impl Owned {
 
     /// Intents left by operations that did not finish (a crash), oldest first.
     pub fn pending(&self) -> Result<Vec<(u64, Intent)>, OwnedError> {
-        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let db = self.db()?;
+        let txn = db.begin_read().map_err(|e| self.err(e))?;
         let table = txn.open_table(INTENTS).map_err(|e| self.err(e))?;
         let mut out = Vec::new();
         for entry in table.iter().map_err(|e| self.err(e))? {
