@@ -65,6 +65,14 @@ pub fn replayable(info: &RequestInfo) -> bool {
         }
 }
 
+/// The replayable writes that go to the outbox offline (a token request or a node's
+/// registration is answered from the cache instead, never queued).
+pub fn queued_when_offline(info: &RequestInfo) -> bool {
+    replayable(info)
+        && !super::tokens::is_token_request(info)
+        && !(info.resource == "nodes" && info.verb == "create")
+}
+
 /// Events are the node's least valuable writes: past this many queued (or these bytes),
 /// the oldest queued events are dropped to make room. kubelet sent ~22 event writes a
 /// second with 1000 pods starting; this keeps the last ~45 s of such a burst.

@@ -589,8 +589,9 @@ impl Proxy {
                 return resp;
             }
         };
-        // Queued writes go first: a new one waits behind them even once the cloud is back.
-        let behind_replay = cache.replay_pending();
+        // Queued writes go first: a write the queue takes waits behind them even once the
+        // cloud is back (token requests and registrations are never queued).
+        let behind_replay = cache.replay_pending() && offline::queued_when_offline(info);
         if self.cloud.healthy() && !behind_replay {
             match forward::forward_parts(&self.cloud, &parts, body.clone(), AsWho::Node).await {
                 Ok(f) if cache::tokens::is_token_request(info) => {
@@ -614,17 +615,27 @@ impl Proxy {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let waits_in_line = behind_replay && self.cloud.healthy();
         let resp = cache
             .accept_offline(
-                behind_replay && self.cloud.healthy(),
+                waits_in_line,
                 info,
                 &parts.method,
                 path_and_query,
                 content_type,
                 component_name,
-                body,
+                body.clone(),
             )
             .await;
+        // One the queue cannot hold (say, a patch of an object the node never cached) is
+        // the cloud's to answer while it is up, out of line rather than refused.
+        if waits_in_line
+            && resp.status() == StatusCode::SERVICE_UNAVAILABLE
+            && let Ok(f) = forward::forward_parts(&self.cloud, &parts, body, AsWho::Node).await
+        {
+            self.record(Route::Cloud, info, component, f.response.status(), started);
+            return f.response;
+        }
         self.record(Route::LocalCache, info, component, resp.status(), started);
         resp
     }
