@@ -340,11 +340,12 @@ pub fn render(s: &StatusReport) -> String {
         Some(c) => {
             let _ = writeln!(
                 out,
-                "cache:        {} entries ({} bytes on disk), {} written, {} stale skipped, {} deleted, {} rejected, {} write errors, {} pending",
+                "cache:        {} entries ({} bytes on disk), {} written, {} stale skipped ({} by a metadata scan alone), {} deleted, {} rejected, {} write errors, {} pending",
                 c.entries,
                 c.file_bytes,
                 c.written,
                 c.stale,
+                c.scanned_only,
                 c.deleted,
                 c.rejected,
                 c.write_errors,

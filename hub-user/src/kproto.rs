@@ -70,7 +70,7 @@ fn bytes_of<'a>(fs: &[(u64, Value<'a>)], n: u64) -> Option<&'a [u8]> {
     })
 }
 
-fn text(fs: &[(u64, Value<'_>)], n: u64) -> String {
+pub fn text(fs: &[(u64, Value<'_>)], n: u64) -> String {
     bytes_of(fs, n)
         .map(|b| String::from_utf8_lossy(b).into_owned())
         .unwrap_or_default()

@@ -89,6 +89,13 @@ impl Collector for CacheCollector {
                 ConstCounter::new(v).encode(family.encode_family(&ResultLabel { result })?)?;
             }
         }
+        let c = ConstCounter::new(s.scanned_only);
+        c.encode(encoder.encode_descriptor(
+            "scanned_only",
+            "Objects recognised as already stored by a metadata scan alone, not parsed",
+            None,
+            c.metric_type(),
+        )?)?;
         for (name, help, v) in [
             (
                 "entries",

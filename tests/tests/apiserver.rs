@@ -916,7 +916,44 @@ fn faults_and_stop_start_listening() {
     let t = Instant::now();
     assert_eq!(c.get("/api/v1/pods").status, 200);
     assert!(t.elapsed() >= Duration::from_millis(50));
+    // The server cost: 40 ms of the server's CPU per answer.
+    let cpu_before = process_cpu();
+    c.send_json("PUT", "/_standin/faults", &json!({"costUs": 40_000}));
+    assert_eq!(c.get("/api/v1/pods").status, 200);
+    let spent = process_cpu() - cpu_before;
+    assert!(spent >= Duration::from_millis(40), "{spent:?} of CPU");
     s.set_faults(FaultSettings::default());
+    // Touch: every pod gets a new resourceVersion.
+    seed::cluster(&s.state.store, 1, 3);
+    let rvs = |c: &Client| -> Vec<String> {
+        c.get("/api/v1/pods").json()["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                p["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    let before = rvs(&c);
+    let touched = c
+        .request("POST", "/_standin/touch?resource=pods", &[], &[])
+        .unwrap();
+    assert_eq!(
+        touched.json()["touched"],
+        3,
+        "{}",
+        String::from_utf8_lossy(&touched.body)
+    );
+    let after = rvs(&c);
+    assert_eq!(after.len(), 3);
+    assert!(
+        before.iter().zip(&after).all(|(b, a)| b != a),
+        "{before:?} {after:?}"
+    );
 
     s.stop_listening();
     assert!(
@@ -1339,4 +1376,15 @@ fn protobuf_request_bodies_of_node_kinds_are_read_like_json() {
         )
         .unwrap();
     assert_eq!(r.status, 415);
+}
+
+/// This process's CPU time (user + system).
+fn process_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }

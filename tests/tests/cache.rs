@@ -1485,3 +1485,143 @@ fn cached_objects_are_for_root_only_and_secrets_are_redacted() {
     assert!(!String::from_utf8_lossy(&other.stdout).contains("c2VjcmV0"));
     assert!(err.contains("ermission denied"), "{err}");
 }
+
+/// A relist of objects the cache already holds writes nothing, in either encoding; a
+/// changed object always lands and a vanished one is pruned. Counted with the cache's
+/// store counters (`hub status`: written / stale / deleted) and checked in `hub cache ls`.
+#[test]
+fn relists_of_unchanged_objects_write_nothing_and_changes_always_land() {
+    let s = Setup::new(&["kubelet"]);
+    let store = &s.cloud.state.store;
+    let pods = resources::find("", "v1", "pods").unwrap();
+    seed::namespace(store, "rl");
+    for p in 0..50 {
+        seed::pod(store, "rl", &format!("p{p}"), "node-0", "rl");
+    }
+    let hub = s.start_hub();
+    let kubelet = s.kubelet();
+    // written, stale, deleted; and of the stale, those never parsed.
+    let counts = || {
+        let c = hub.status()["cache"].clone();
+        ["written", "stale", "deleted", "scanned_only"].map(|k| c[k].as_u64().unwrap())
+    };
+    // Waits until the writer has dealt with `n` more objects than `before`.
+    let settled = |before: [u64; 4], n: u64| {
+        wait_for(
+            "the cache writer to apply the lists",
+            Duration::from_secs(20),
+            || {
+                let now = counts();
+                (now[..3].iter().sum::<u64>() == before[..3].iter().sum::<u64>() + n).then_some(now)
+            },
+        )
+    };
+    let path = "/api/v1/namespaces/rl/pods?fieldSelector=spec.nodeName%3Dnode-0";
+    let cached_rv = |name: &str, encoding: &str| {
+        s.cache_ls("kubelet")
+            .into_iter()
+            .find(|e| e["key"] == format!("/v1/pods/rl/{name}") && e["encoding"] == encoding)
+            .map(|e| e["resource_version"].as_u64().unwrap())
+    };
+    for (accept, encoding, changed) in [
+        ("application/json", "json", "p7"),
+        (PROTOBUF, "protobuf", "p9"),
+    ] {
+        let list = |times: usize| {
+            for _ in 0..times {
+                let r = kubelet
+                    .request(
+                        "GET",
+                        path,
+                        &[
+                            ("User-Agent", "kubelet/v1.32.0 (linux/amd64)"),
+                            ("Accept", accept),
+                        ],
+                        &[],
+                    )
+                    .unwrap();
+                assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+            }
+        };
+        // First list in this encoding: every object is written (new, or now in protobuf).
+        let before = counts();
+        list(1);
+        let first = settled(before, 50);
+        assert_eq!(first[0] - before[0], 50, "{encoding}: first list {first:?}");
+        // Three relists of the same objects: nothing written.
+        list(3);
+        let relisted = settled(first, 150);
+        assert_eq!(
+            relisted[0], first[0],
+            "{encoding}: relists rewrote objects {relisted:?}"
+        );
+        assert_eq!(relisted[1] - first[1], 150, "{encoding}");
+        assert_eq!(
+            relisted[3] - first[3],
+            150,
+            "{encoding}: relisted objects were parsed"
+        );
+        // One object changes in the cloud: exactly it is written, at its new version.
+        let new_rv = store
+            .update(
+                Key {
+                    resource: pods,
+                    namespace: "rl".into(),
+                    name: changed.into(),
+                },
+                None,
+                |cur| {
+                    let mut next = cur.clone();
+                    next["metadata"]["labels"]["changed"] = "yes".into();
+                    next
+                },
+            )
+            .unwrap()["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap();
+        list(1);
+        let after = settled(relisted, 50);
+        assert_eq!(
+            [
+                after[0] - relisted[0],
+                after[1] - relisted[1],
+                after[3] - relisted[3]
+            ],
+            [1, 49, 49],
+            "{encoding}"
+        );
+        assert_eq!(cached_rv(changed, encoding), Some(new_rv), "{encoding}");
+    }
+    // An object gone from the cloud is pruned by the next (unchanged otherwise) relist.
+    store
+        .delete(
+            Key {
+                resource: pods,
+                namespace: "rl".into(),
+                name: "p3".into(),
+            },
+            None,
+        )
+        .unwrap();
+    let before = counts();
+    let r = kubelet_get(&kubelet, path);
+    assert_eq!(r.status, 200);
+    let after = settled(before, 50);
+    assert_eq!(
+        [
+            after[0] - before[0],
+            after[1] - before[1],
+            after[2] - before[2],
+            after[3] - before[3]
+        ],
+        [0, 49, 1, 49]
+    );
+    assert_eq!(
+        cached_rv("p3", "protobuf"),
+        None,
+        "hub cache ls lists live objects only"
+    );
+    assert!(cached_rv("p4", "protobuf").is_some());
+}

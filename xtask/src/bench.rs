@@ -10,10 +10,10 @@ use hub_tests::{
 };
 use serde_json::Value;
 
-pub fn run(what: &str, rounds: usize) -> Result<()> {
+pub fn run(what: &str, rounds: usize, output: Output) -> Result<()> {
     match what {
         "intercept" => intercept(rounds),
-        "proxy" => crate::bench_proxy::proxy(rounds),
+        "proxy" => crate::bench_proxy::proxy(rounds, output),
         "cache" => crate::bench_cache::cache(rounds),
         "pool" => crate::bench_pool::pool(),
         "pool-scale" => crate::bench_pool::scale(),
@@ -257,4 +257,96 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
         .nth(1)?
         .parse()
         .ok()
+}
+
+/// How a benchmark prints its figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// A table on stdout.
+    Text,
+    /// The table on stderr and one JSON document on stdout (docs/benchmarks.md is built
+    /// from these).
+    Json,
+}
+
+/// A benchmark's figures: rows of values per process, grouped in sections, printed as
+/// they come and, with `--output json`, as one document at the end.
+pub struct Report {
+    bench: &'static str,
+    output: Output,
+    section: String,
+    rows: Vec<Value>,
+}
+
+impl Report {
+    pub fn new(bench: &'static str, output: Output) -> Report {
+        Report {
+            bench,
+            output,
+            section: String::new(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// A line for the reader (stdout, or stderr when stdout carries JSON).
+    pub fn line(&self, text: &str) {
+        match self.output {
+            Output::Text => println!("{text}"),
+            Output::Json => eprintln!("{text}"),
+        }
+    }
+
+    pub fn section(&mut self, name: &str) {
+        self.section = name.to_string();
+        self.line(&format!("\n== {name}"));
+    }
+
+    /// One measurement per process; `vs_first` adds each one's ratio to the first value
+    /// (direct), otherwise the hub's ratio to nginx's is shown when both are present.
+    pub fn row(&mut self, metric: &str, unit: &str, values: Vec<(String, f64)>, vs_first: bool) {
+        let base = if vs_first {
+            values.first().map(|(_, v)| *v)
+        } else {
+            values.iter().find(|(l, _)| l == "nginx").map(|(_, v)| *v)
+        };
+        let mut text = format!("{metric:<48}");
+        for (label, v) in &values {
+            text.push_str(&format!(" {label}={v:.3}"));
+            if let Some(b) = base.filter(|b| *b > 0.0 && (label == "hub" || vs_first))
+                && !(vs_first && values.first().is_some_and(|(l, _)| l == label))
+            {
+                text.push_str(&format!(" ({:.2}x)", v / b));
+            }
+        }
+        self.line(&format!("{text}  {unit}"));
+        self.rows.push(serde_json::json!({
+            "section": self.section,
+            "metric": metric,
+            "unit": unit,
+            "values": values.iter().map(|(l, v)| (l.clone(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
+        }));
+    }
+
+    pub fn single(&mut self, metric: &str, unit: &str, value: f64) {
+        self.row(metric, unit, vec![("hub".into(), value)], false);
+    }
+
+    /// Prints the JSON document when asked for.
+    pub fn finish(self) -> Result<()> {
+        if self.output == Output::Json {
+            let doc = serde_json::json!({
+                "bench": self.bench,
+                "date": crate::shell("date -u +%Y-%m-%dT%H:%MZ"),
+                "machine": {
+                    "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+                    "cpu": crate::shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"),
+                    "kernel": crate::shell("uname -r"),
+                },
+                "command": format!("cargo xtask bench {}", std::env::args().skip(2).collect::<Vec<_>>().join(" ")),
+                "rows": self.rows,
+            });
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+        }
+        Ok(())
+    }
 }

@@ -1,7 +1,10 @@
 //! `cargo xtask bench proxy`: the hub's TLS proxy in front of the API stand-in vs the
 //! stand-in directly, interleaved in one run over HTTP/2 with keep-alive (as client-go):
-//! GET one pod (p50/p99), LIST 1k pods (JSON and protobuf), a 10k-event watch,
-//! and the hub's RSS idle and after the load. nginx, when installed (scripts/setup.sh
+//! GET one pod (p50/p99, CPU per GET), LIST of 1k unchanged pods (a relist; JSON and
+//! protobuf) and of 1k changed pods, with each proxy's CPU per request from /proc, a
+//! 10k-event watch, and the hub's RSS idle, after the run and at its peak (VmHWM). Every
+//! round runs twice: at the stand-in's own speed, and with its server cost on (the CPU a
+//! real kube-apiserver spends per answer), where a proxy's share is seen in proportion. nginx, when installed (scripts/setup.sh
 //! does), is measured in the same rounds as a reference: the anchors give its
 //! cost against a real kube-apiserver, so its ratio here tells how much harsher the
 //! stand-in's fast answers make every ratio. `HUB_BENCH_OTHER=path/to/hub` adds a second
@@ -10,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hub_tests::apiserver::ADMIN_TOKEN;
+use http_body_util::{BodyExt, Empty, Full};
+use hub_tests::apiserver::{ADMIN_TOKEN, faults::FaultSettings};
 use hyper::Request;
 
-use crate::bench::{COMPONENT, Http, Stack, cpu_ns, rss_kib};
+use crate::bench::{COMPONENT, Http, Output, Report, Stack, cpu_ns, rss_kib, status_kib};
 
 fn percentile(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -57,13 +60,6 @@ async fn watch(client: &Http, url: &str, events: usize) -> Result<Duration> {
     Ok(started.elapsed())
 }
 
-fn row(name: &str, direct: f64, via: f64, unit: &str) {
-    println!(
-        "{name:<36} {direct:>11.3} {via:>11.3} {:>8.3}x  {unit}",
-        via / direct
-    );
-}
-
 /// Runs `measure` on every base once per round, in a shuffled order (fixed seed), so each
 /// base follows every other equally often. A rotating order let one base follow the hub
 /// in most rounds and absorb the work the hub defers (its cache writer parsing the list
@@ -99,7 +95,29 @@ fn shuffle(v: &mut [usize], seed: &mut u64) {
     }
 }
 
-pub fn proxy(rounds: usize) -> Result<()> {
+/// One process answering the benchmark's requests: the stand-in itself (direct), the hub,
+/// nginx, or a second hub build.
+struct Base {
+    label: String,
+    url: String,
+    pid: u32,
+}
+
+/// What the rounds share.
+struct Bench<'a> {
+    client: &'a Http,
+    bases: Vec<Base>,
+    /// The stand-in's address, for its control endpoints.
+    direct: String,
+    hub_pid: u32,
+    report: Report,
+}
+
+const POD: &str = "/api/v1/namespaces/default/pods/pod-3-42";
+const LIST: &str = "/api/v1/namespaces/default/pods";
+const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
+
+pub fn proxy(rounds: usize, output: Output) -> Result<()> {
     // The stand-in runs as its own release-built process, like a real apiserver would.
     let stack = Stack::start(
         "bp",
@@ -112,15 +130,18 @@ pub fn proxy(rounds: usize) -> Result<()> {
             "10000",
         ],
     )?;
-    let (client, hub) = (&stack.client, &stack.hub);
-    // (label, base URL, the serving process); the first is the stand-in itself.
+    let hub = &stack.hub;
     let mut bases = vec![
-        (
-            "direct".to_string(),
-            stack.direct.clone(),
-            stack.standin.pid(),
-        ),
-        ("hub".to_string(), stack.via.clone(), hub.proc.pid()),
+        Base {
+            label: "direct".into(),
+            url: stack.direct.clone(),
+            pid: stack.standin.pid(),
+        },
+        Base {
+            label: "hub".into(),
+            url: stack.via.clone(),
+            pid: hub.proc.pid(),
+        },
     ];
     let other = std::env::var_os("HUB_BENCH_OTHER").map(|bin| {
         let own = std::env::var_os("HUB_BIN");
@@ -134,108 +155,218 @@ pub fn proxy(rounds: usize) -> Result<()> {
         started
     });
     if let Some((proc, url)) = &other {
-        bases.push(("HUB_BENCH_OTHER".into(), url.clone(), proc.proc.pid()));
+        bases.push(Base {
+            label: "HUB_BENCH_OTHER".into(),
+            url: url.clone(),
+            pid: proc.proc.pid(),
+        });
     }
     let nginx = Nginx::start(&stack)?;
     match &nginx {
-        Some(n) => bases.push(("nginx".into(), n.url.clone(), n.proc.pid())),
-        None => println!(
+        Some(n) => bases.push(Base {
+            label: "nginx".into(),
+            url: n.url.clone(),
+            pid: n.proc.pid(),
+        }),
+        None => eprintln!(
             "bench proxy: nginx not installed, no reference rows (scripts/setup.sh installs nginx-light)"
         ),
     }
-    let labels: Vec<String> = bases.iter().map(|(l, _, _)| l.clone()).collect();
-    let urls: Vec<String> = bases.iter().map(|(_, u, _)| u.clone()).collect();
-    let pids: Vec<u32> = bases.iter().map(|(_, _, p)| *p).collect();
     let idle_rss = rss_kib(hub.proc.pid()).unwrap_or(0);
+    let mut bench = Bench {
+        client: &stack.client,
+        bases,
+        direct: stack.direct.clone(),
+        hub_pid: hub.proc.pid(),
+        report: Report::new("proxy", output),
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let pod = "/api/v1/namespaces/default/pods/pod-3-42";
-    let list = "/api/v1/namespaces/default/pods";
-    // Prints one row per proxy: its p50 (or p99) against direct's.
-    let rows = |name: &str, samples: &mut [Vec<f64>], q: f64, unit: &str| {
-        let direct = percentile(&mut samples[0], q);
-        for (label, s) in labels.iter().zip(samples.iter_mut()).skip(1) {
-            let name = if label == "hub" {
-                name.to_string()
-            } else {
-                format!("{name} ({label})")
-            };
-            row(&name, direct, percentile(s, q), unit);
-        }
-    };
-
     rt.block_on(async {
-        for base in &urls {
+        for base in &bench.bases {
             for _ in 0..50 {
-                get(client, &format!("{base}{pod}")).await?;
+                get(bench.client, &format!("{}{POD}", base.url)).await?;
             }
         }
-        println!("bench proxy: release stand-in over TLS (HTTP/2, keep-alive), release hub with caching on, {rounds} GET rounds");
-        println!("{:<36} {:>11} {:>11} {:>9}", "metric", "direct", "via", "ratio");
-        let cpu_before: Vec<u64> = pids.iter().map(|p| cpu_ns(*p)).collect();
+        bench.report.line(&format!(
+            "bench proxy: release stand-in over TLS (HTTP/2, keep-alive), release hub with caching on, {rounds} GET rounds"
+        ));
+        for cost in [false, true] {
+            bench.set_cost(cost).await?;
+            bench.rounds(rounds, cost).await?;
+        }
+        bench.set_cost(false).await
+    })?;
+    let kib = |field| status_kib(hub.proc.pid(), field).unwrap_or(0) as f64 / 1024.0;
+    let r = &mut bench.report;
+    r.section("memory");
+    r.single("hub RSS idle", "MiB", idle_rss as f64 / 1024.0);
+    r.single("hub RSS after the run", "MiB", kib("VmRSS:"));
+    r.single("hub peak RSS (VmHWM)", "MiB", kib("VmHWM:"));
+    if let Some((other, _)) = &other {
+        let kib = status_kib(other.proc.pid(), "VmHWM:").unwrap_or(0);
+        r.single("HUB_BENCH_OTHER peak RSS", "MiB", kib as f64 / 1024.0);
+    }
+    bench.report.finish()
+}
+
+impl Bench<'_> {
+    /// Turns the stand-in's server cost (a real apiserver's CPU per answer) on or off.
+    async fn set_cost(&self, on: bool) -> Result<()> {
+        let body = if on {
+            serde_json::to_vec(&FaultSettings::REALISTIC_COST)?
+        } else {
+            b"{}".to_vec()
+        };
+        let req = Request::put(format!("{}/_standin/faults", self.direct))
+            .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+            .body(Full::new(Bytes::from(body)).map_err(|n| match n {}).boxed())?;
+        let resp = self.client.request(req).await?;
+        anyhow::ensure!(
+            resp.status().is_success(),
+            "setting the stand-in's cost: {}",
+            resp.status()
+        );
+        Ok(())
+    }
+
+    /// Gives every pod in `default` a new resourceVersion (the next list is all changed).
+    async fn touch_pods(&self) -> Result<()> {
+        let req = Request::post(format!(
+            "{}/_standin/touch?resource=pods&namespace=default",
+            self.direct
+        ))
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .body(Empty::<Bytes>::new().map_err(|n| match n {}).boxed())?;
+        let resp = self.client.request(req).await?;
+        anyhow::ensure!(
+            resp.status().is_success(),
+            "touching pods: {}",
+            resp.status()
+        );
+        resp.into_body().collect().await?;
+        Ok(())
+    }
+
+    fn urls(&self) -> Vec<String> {
+        self.bases.iter().map(|b| b.url.clone()).collect()
+    }
+
+    /// Each process's CPU so far, the hub's once its cache writer is done with what it
+    /// was given (its work on an answer runs after the answer went out).
+    fn cpu_now(&self) -> Vec<u64> {
+        self.settle_hub();
+        self.bases.iter().map(|b| cpu_ns(b.pid)).collect()
+    }
+
+    /// Waits (≤ 10 s) until the hub has used no CPU for 200 ms.
+    fn settle_hub(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut last = cpu_ns(self.hub_pid);
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+            let now = cpu_ns(self.hub_pid);
+            if now - last < 1_000_000 {
+                return;
+            }
+            last = now;
+        }
+    }
+
+    /// One row per proxy: its percentile against direct's.
+    fn latency_rows(&mut self, metric: &str, samples: &mut [Vec<f64>], q: f64, unit: &str) {
+        let values = self
+            .bases
+            .iter()
+            .zip(samples.iter_mut())
+            .map(|(b, s)| (b.label.clone(), percentile(s, q)))
+            .collect();
+        self.report.row(metric, unit, values, true);
+    }
+
+    /// CPU per request of each proxy (not the stand-in: it served every base).
+    fn cpu_row(&mut self, metric: &str, before: &[u64], requests: usize) {
+        let after = self.cpu_now();
+        let values = self
+            .bases
+            .iter()
+            .zip(before.iter().zip(&after))
+            .skip(1)
+            .map(|(b, (x, y))| (b.label.clone(), (y - x) as f64 / requests as f64 / 1e3))
+            .collect();
+        self.report.row(metric, "µs", values, false);
+    }
+
+    async fn rounds(&mut self, rounds: usize, cost: bool) -> Result<()> {
+        self.report.section(if cost {
+            "with the stand-in's server cost (1 ms per GET, ~20 ms per 1k-pod JSON list)"
+        } else {
+            "without server cost (the stand-in's own speed)"
+        });
+        let client = self.client;
+        let urls = self.urls();
+        let before = self.cpu_now();
         let mut t = interleaved(&urls, rounds, |base| async move {
             let t = Instant::now();
-            get(client, &format!("{base}{pod}")).await?;
+            get(client, &format!("{base}{POD}")).await?;
             Ok(t.elapsed().as_secs_f64() * 1e6)
         })
         .await?;
-        // Less noisy than latency on a shared machine: what each GET cost the process that
-        // served it (for direct, the stand-in's own work; via a proxy, the proxy's alone).
-        // The stand-in served every base's GETs.
-        let served = |i: usize| if i == 0 { rounds * urls.len() } else { rounds } as f64;
-        let mut cpu: Vec<Vec<f64>> = pids
-            .iter()
-            .zip(&cpu_before)
-            .enumerate()
-            .map(|(i, (p, before))| vec![(cpu_ns(*p) - before) as f64 / served(i) / 1e3])
-            .collect();
-        rows("GET pod p50", &mut t, 0.5, "µs");
-        rows("GET pod p99", &mut t, 0.99, "µs");
-        rows("CPU per GET", &mut cpu, 0.5, "µs of the stand-in (direct) vs the proxy's own");
+        self.latency_rows("GET pod p50", &mut t, 0.5, "µs");
+        self.latency_rows("GET pod p99", &mut t, 0.99, "µs");
+        self.cpu_row("CPU per GET", &before, rounds);
 
-        for (name, accept) in [("JSON", "application/json"), ("protobuf", "application/vnd.kubernetes.protobuf")] {
-            let bytes = get_as(client, &format!("{}{list}", urls[0]), accept).await?.len();
-            let mut t = interleaved(&urls, 40, |base| async move {
+        // The same 1k pods listed again and again: kubelet's and an informer's relist.
+        const LISTS: usize = 40;
+        for (name, accept) in [("JSON", "application/json"), ("protobuf", PROTOBUF)] {
+            let bytes = get_as(client, &format!("{}{LIST}", urls[0]), accept)
+                .await?
+                .len();
+            let before = self.cpu_now();
+            let mut t = interleaved(&urls, LISTS, |base| async move {
                 let t = Instant::now();
-                get_as(client, &format!("{base}{list}"), accept).await?;
+                get_as(client, &format!("{base}{LIST}"), accept).await?;
                 Ok(t.elapsed().as_secs_f64() * 1e3)
             })
             .await?;
-            rows(&format!("LIST 1k pods {name} p50"), &mut t, 0.5, &format!("ms ({} KiB)", bytes / 1024));
+            let metric = format!("LIST 1k unchanged pods {name} ({} KiB)", bytes / 1024);
+            self.latency_rows(&format!("{metric} p50"), &mut t, 0.5, "ms");
+            self.cpu_row(&format!("CPU per {metric}"), &before, LISTS);
         }
+
+        // Every pod changed before each list: the cache parses and writes all of them.
+        const CHANGED: usize = 12;
+        let before = self.cpu_now();
+        let this = &*self;
+        let mut t = interleaved(&urls, CHANGED, |base| async move {
+            this.touch_pods().await?;
+            let t = Instant::now();
+            get(client, &format!("{base}{LIST}")).await?;
+            Ok(t.elapsed().as_secs_f64() * 1e3)
+        })
+        .await?;
+        self.latency_rows("LIST 1k changed pods JSON p50", &mut t, 0.5, "ms");
+        self.cpu_row("CPU per LIST 1k changed pods JSON", &before, CHANGED);
 
         // A 10k-event watch: the initial ADDED events of 10k configmaps. Fifteen rounds: the
         // median of three moved by ±15 % between runs of the same builds.
         let path = "/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=0";
         let mut t = interleaved(&urls, 15, |base| async move {
-            Ok(10_000.0 / watch(client, &format!("{base}{path}"), 10_000).await?.as_secs_f64())
+            Ok(10_000.0
+                / watch(client, &format!("{base}{path}"), 10_000)
+                    .await?
+                    .as_secs_f64())
         })
         .await?;
-        rows("watch 10k events", &mut t, 0.5, "events/s (higher is better)");
-        anyhow::Ok(())
-    })?;
-    let loaded_rss = rss_kib(hub.proc.pid()).unwrap_or(0);
-    let status =
-        std::fs::read_to_string(format!("/proc/{}/status", hub.proc.pid())).unwrap_or_default();
-    let hwm = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .unwrap_or("VmHWM: ?")
-        .to_string();
-    println!(
-        "hub RSS: idle {:.1} MiB, after load {:.1} MiB ({hwm})",
-        idle_rss as f64 / 1024.0,
-        loaded_rss as f64 / 1024.0
-    );
-    if let Some((other, _)) = &other {
-        let kib = rss_kib(other.proc.pid()).unwrap_or(0);
-        println!(
-            "HUB_BENCH_OTHER RSS after load: {:.1} MiB",
-            kib as f64 / 1024.0
+        self.latency_rows(
+            "watch 10k events (events/s, higher is better)",
+            &mut t,
+            0.5,
+            "events/s",
         );
+        Ok(())
     }
-    Ok(())
 }
 
 /// nginx as a plain TLS reverse proxy in front of the stand-in: HTTP/2 towards clients,

@@ -25,7 +25,8 @@ commands:
   demo         the system end to end on this machine, in throwaway namespaces (root);
                --step pauses between steps
   bench WHAT   release-build benchmarks as ratios against direct, same run
-               (WHAT: intercept, proxy, cache, coordinator, pool, pool-scale); --rounds N
+               (WHAT: intercept, proxy, cache, coordinator, pool, pool-scale); --rounds N;
+               --output json (proxy): the figures as one JSON document on stdout
   soak         two hubs of one pool under node traffic while the cloud, etcd members, the
                whole coordinator, a hub and a cache disk fail on a schedule; invariants are
                hard failures; --minutes N (default 3), --report PATH (default
@@ -137,6 +138,15 @@ fn bench_cmd(args: &[String]) -> Result<()> {
         "hub-tests",
         "--bins",
     ]);
+    let output = match args
+        .windows(2)
+        .find(|w| w[0] == "--output")
+        .map(|w| w[1].as_str())
+    {
+        None | Some("text") => bench::Output::Text,
+        Some("json") => bench::Output::Json,
+        Some(other) => anyhow::bail!("--output takes text or json, not {other}"),
+    };
     run(build, "release build of hub and hub-probe")?;
     let release = root().join("target/release");
     // SAFETY: single-threaded at this point; the fixtures read these to find the binaries.
@@ -144,7 +154,7 @@ fn bench_cmd(args: &[String]) -> Result<()> {
         std::env::set_var("HUB_BIN", release.join("hub"));
         std::env::set_var("HUB_PROBE_BIN", release.join("hub-probe"));
     }
-    bench::run(what, rounds)
+    bench::run(what, rounds, output)
 }
 
 /// The binaries tests and the demo start: hub and hub-probe.
@@ -241,4 +251,13 @@ fn report_prebuilt_freshness() {
         }
         (None, _) => eprintln!("xtask: tests use the committed eBPF object (HUB_EBPF_PREBUILT=1)"),
     }
+}
+
+/// A shell command's trimmed output, empty if it fails (for a report's machine facts).
+fn shell(cmd: &str) -> String {
+    std::process::Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
 }

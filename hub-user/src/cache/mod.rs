@@ -13,6 +13,7 @@ pub mod inspect;
 pub mod objects;
 pub mod offline;
 mod patch;
+mod scan;
 pub mod select;
 pub mod serve;
 pub mod store;
@@ -100,6 +101,8 @@ pub struct CacheStatus {
     pub file_bytes: u64,
     pub written: u64,
     pub stale: u64,
+    /// Of the stale: objects recognised by a metadata scan alone (not parsed).
+    pub scanned_only: u64,
     pub deleted: u64,
     pub rejected: u64,
     pub too_large: u64,
@@ -335,6 +338,7 @@ impl Cache {
             file_bytes,
             written: s.written.load(Relaxed),
             stale: s.stale.load(Relaxed),
+            scanned_only: s.scanned_only.load(Relaxed),
             deleted: s.deleted.load(Relaxed),
             rejected: s.rejected.load(Relaxed),
             too_large: s.too_large.load(Relaxed),

@@ -4,9 +4,11 @@
 //! without its schema (see `kproto`); each item keeps its original bytes.
 use std::borrow::Cow;
 
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::scan;
 use crate::kproto;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -382,12 +384,82 @@ pub fn identify_json(body: &[u8]) -> Option<Identity> {
         MetadataOnly(&mut found),
         &mut serde_json::Deserializer::from_slice(body),
     );
-    let m = found?;
+    identity_of(found?)
+}
+
+fn identity_of(m: PeekMeta) -> Option<Identity> {
     Some(Identity {
         rv: parse_rv(&m.resource_version).ok().filter(|rv| *rv > 0)?,
         namespace: m.namespace.into_owned(),
         name: Some(m.name).filter(|n| !n.is_empty())?.into_owned(),
     })
+}
+
+/// The identity of a protobuf object (its message bytes, no envelope) from its
+/// ObjectMeta alone.
+pub fn identify_protobuf(raw: &[u8]) -> Option<Identity> {
+    let meta = kproto::object_meta(raw)?;
+    Some(Identity {
+        rv: parse_rv(&meta.resource_version).ok().filter(|rv| *rv > 0)?,
+        namespace: meta.namespace,
+        name: Some(meta.name).filter(|n| !n.is_empty())?,
+    })
+}
+
+/// The identity of the object an ADDED or MODIFIED watch event carries, by the same
+/// scans; None for other events (a deletion is always applied in full) and when the event
+/// does not name its type before its object (kube-apiserver does).
+pub fn identify_event(enc: Encoding, frame: &[u8]) -> Option<Identity> {
+    match enc {
+        Encoding::Json => {
+            let mut found = None;
+            let _ = serde::de::DeserializeSeed::deserialize(
+                ChangeEvent(&mut found),
+                &mut serde_json::Deserializer::from_slice(frame),
+            );
+            identity_of(found?)
+        }
+        Encoding::Protobuf => {
+            let e = kproto::watch_event(frame)?;
+            if !matches!(e.kind.as_str(), "ADDED" | "MODIFIED") {
+                return None;
+            }
+            identify_protobuf(kproto::unwrap(e.object)?.raw)
+        }
+    }
+}
+
+/// Reads a JSON watch event's `type`, then, for ADDED and MODIFIED, its object's metadata.
+struct ChangeEvent<'s, 'a>(&'s mut Option<PeekMeta<'a>>);
+
+impl<'de, 's> serde::de::DeserializeSeed<'de> for ChangeEvent<'s, 'de> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de, 's> serde::de::Visitor<'de> for ChangeEvent<'s, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a watch event")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut change = false;
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            match key.as_ref() {
+                "type" => {
+                    let ty = map.next_value::<Cow<'de, str>>()?;
+                    change = matches!(ty.as_ref(), "ADDED" | "MODIFIED");
+                }
+                "object" if change => {
+                    return map.next_value_seed(MetadataOnly(self.0));
+                }
+                _ => return Ok(()),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Reads a JSON object's keys up to `metadata`, skipping other values unparsed.
@@ -439,81 +511,68 @@ pub struct ParsedList {
     pub kind: String,
     pub rv: u64,
     pub continue_token: String,
+    /// Items parsed in full.
     pub items: Vec<Item>,
+    /// Items only named (namespace, name): the caller already holds them at their
+    /// resourceVersion.
+    pub held: Vec<(String, String)>,
     pub bad: usize,
-}
-
-#[derive(Deserialize)]
-struct JsonList {
-    #[serde(default)]
-    kind: String,
-    #[serde(default, rename = "apiVersion")]
-    api_version: String,
-    #[serde(default)]
-    metadata: JsonListMeta,
-    items: Option<Vec<Value>>,
-}
-
-#[derive(Deserialize, Default)]
-struct JsonListMeta {
-    #[serde(default, rename = "resourceVersion")]
-    resource_version: String,
-    #[serde(default, rename = "continue")]
-    continue_token: String,
 }
 
 fn item_kind(list_kind: &str) -> &str {
     list_kind.strip_suffix("List").unwrap_or_default()
 }
 
+/// A whole LIST answer, every item parsed.
 pub fn parse_list(resource: &str, enc: Encoding, body: &[u8]) -> Result<ParsedList, ParseError> {
-    let mut bad = 0;
-    match enc {
-        Encoding::Json => {
-            let l: JsonList =
-                serde_json::from_slice(body).map_err(|_| ParseError::Malformed("JSON list"))?;
-            if l.kind == "Table" || !l.kind.ends_with("List") {
-                return Err(ParseError::NotAnObject);
-            }
-            let kind = item_kind(&l.kind);
-            let mut items = Vec::new();
-            for v in l.items.unwrap_or_default() {
-                match from_json(resource, v, &l.api_version, kind) {
-                    Ok(i) => items.push(i),
-                    Err(_) => bad += 1,
-                }
-            }
-            Ok(ParsedList {
-                kind: l.kind.clone(),
-                rv: parse_rv(&l.metadata.resource_version)?,
-                continue_token: l.metadata.continue_token,
-                items,
-                bad,
-            })
+    parse_list_pieces(resource, enc, &[Bytes::copy_from_slice(body)], |_| false)
+}
+
+/// A LIST answer from the pieces it arrived in. Each item is first named by a metadata
+/// scan; those `held` says the caller already has are not parsed further.
+pub fn parse_list_pieces(
+    resource: &str,
+    enc: Encoding,
+    parts: &[Bytes],
+    mut held: impl FnMut(&Identity) -> bool,
+) -> Result<ParsedList, ParseError> {
+    let list = match enc {
+        Encoding::Json => scan::json_list(parts)?,
+        Encoding::Protobuf => scan::protobuf_list(parts)?,
+    };
+    if list.kind == "Table" || !list.kind.ends_with("List") {
+        return Err(ParseError::NotAnObject);
+    }
+    let kind = item_kind(&list.kind);
+    let mut out = ParsedList {
+        rv: parse_rv(&list.rv)?,
+        kind: list.kind.clone(),
+        continue_token: list.continue_token,
+        items: Vec::new(),
+        held: Vec::new(),
+        bad: 0,
+    };
+    for raw in list.items {
+        let id = match enc {
+            Encoding::Json => identify_json(&raw),
+            Encoding::Protobuf => identify_protobuf(&raw),
+        };
+        if let Some(id) = id.filter(|id| held(id)) {
+            out.held.push((id.namespace, id.name));
+            continue;
         }
-        Encoding::Protobuf => {
-            let u = kproto::unwrap(body).ok_or(ParseError::Malformed("protobuf list"))?;
-            if !u.kind.ends_with("List") {
-                return Err(ParseError::NotAnObject);
-            }
-            let list = kproto::split_list(u.raw).ok_or(ParseError::Malformed("protobuf list"))?;
-            let kind = item_kind(&u.kind);
-            let mut items = Vec::new();
-            for raw in list.items {
-                match from_protobuf(resource, &u.api_version, kind, raw) {
-                    Ok(i) => items.push(i),
-                    Err(_) => bad += 1,
-                }
-            }
-            Ok(ParsedList {
-                kind: u.kind.clone(),
-                rv: parse_rv(&list.resource_version)?,
-                continue_token: list.continue_token,
-                items,
-                bad,
-            })
+        let item = match enc {
+            Encoding::Json => serde_json::from_slice(&raw)
+                .map_err(|_| ParseError::Malformed("JSON"))
+                .and_then(|v| from_json(resource, v, &list.api_version, kind)),
+            Encoding::Protobuf => from_protobuf(resource, &list.api_version, kind, &raw),
+        };
+        match item {
+            Ok(i) => out.items.push(i),
+            Err(_) => out.bad += 1,
         }
     }
+    Ok(out)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -652,6 +711,63 @@ mod tests {
                 String::from_utf8_lossy(unknown)
             );
         }
+    }
+
+    #[test]
+    fn events_are_named_without_a_full_parse() {
+        let id = |ns: &str, name: &str, rv| {
+            Some(Identity {
+                namespace: ns.into(),
+                name: name.into(),
+                rv,
+            })
+        };
+        let modified = br#"{"type":"MODIFIED","object":{"kind":"Pod","metadata":{"name":"a","namespace":"d","resourceVersion":"9"},"spec":{}}}"#;
+        assert_eq!(identify_event(Encoding::Json, modified), id("d", "a", 9));
+        for other in [
+            &br#"{"type":"DELETED","object":{"metadata":{"name":"a","namespace":"d","resourceVersion":"9"}}}"#[..],
+            br#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}"#,
+            br#"{"object":{"metadata":{"name":"a","namespace":"d","resourceVersion":"9"}},"type":"ADDED"}"#,
+            b"{not json",
+        ] {
+            assert_eq!(identify_event(Encoding::Json, other), None, "{}", String::from_utf8_lossy(other));
+        }
+        let mut meta = Vec::new();
+        kproto::put_bytes(&mut meta, 1, b"p");
+        kproto::put_bytes(&mut meta, 3, b"ns");
+        kproto::put_bytes(&mut meta, 6, b"12");
+        let mut pod = Vec::new();
+        kproto::put_bytes(&mut pod, 1, &meta);
+        let object = kproto::envelope("v1", "Pod", &pod);
+        for (ty, expected) in [("ADDED", id("ns", "p", 12)), ("DELETED", None)] {
+            let frame = kproto::watch_frame(ty, &object);
+            assert_eq!(
+                identify_event(Encoding::Protobuf, &frame[4..]),
+                expected,
+                "{ty}"
+            );
+        }
+    }
+
+    #[test]
+    fn list_items_the_caller_holds_are_named_not_parsed() {
+        let list = br#"{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"50"},"items":[
+            {"metadata":{"name":"a","namespace":"d","resourceVersion":"10"},"spec":{"nodeName":"n1"}},
+            {"metadata":{"name":"b","namespace":"d","resourceVersion":"11"},"spec":{"nodeName":"n2"}}]}"#;
+        let pieces: Vec<Bytes> = list.chunks(17).map(Bytes::copy_from_slice).collect();
+        let page = parse_list_pieces("pods", Encoding::Json, &pieces, |id| id.name == "a").unwrap();
+        assert_eq!(page.held, [("d".to_string(), "a".to_string())]);
+        assert_eq!(page.items.len(), 1);
+        assert_eq!(
+            (page.items[0].name.as_str(), page.items[0].kind.as_str()),
+            ("b", "Pod")
+        );
+        assert_eq!(
+            page.items[0].fields[0],
+            ("spec.nodeName".to_string(), "n2".to_string())
+        );
+        let all = parse_list("pods", Encoding::Json, list).unwrap();
+        assert_eq!((all.items.len(), all.held.len(), all.rv), (2, 0, 50));
     }
 
     #[test]

@@ -301,6 +301,12 @@ impl Version {
         Some(Version::read_header(b)?.0)
     }
 
+    /// The version and when the record was stored, from the fixed header.
+    fn stored(b: &[u8]) -> Option<(Version, u64)> {
+        let (version, _, rest) = Version::read_header(b)?;
+        Some((version, Reader(rest).u64()?))
+    }
+
     /// The version, the flags byte and the bytes after them.
     fn read_header(b: &[u8]) -> Option<(Version, u8, &[u8])> {
         let mut r = Reader(b);
@@ -429,6 +435,9 @@ pub enum Write {
         prune: bool,
         rv: u64,
         items: Vec<Item>,
+        /// Returned by the list and already held at their resourceVersion when the list
+        /// was read: (namespace, name). Neither rewritten nor pruned.
+        held: Vec<(String, String)>,
         /// The list's kind as the cloud named it (`NodeList`).
         list_kind: String,
     },
@@ -749,20 +758,28 @@ impl Store {
                         prune,
                         rv,
                         items,
+                        held,
                         list_kind,
                     } => {
-                        replace_list(
+                        let complete = replace_list(
                             &mut objects,
-                            credential,
-                            component,
-                            gvr,
-                            namespace,
+                            ListScope {
+                                credential,
+                                component,
+                                gvr,
+                                namespace,
+                            },
                             prune.then_some(selector),
                             *rv,
-                            items,
+                            (items, held),
                             now,
                             &mut applied,
                         )?;
+                        if !complete {
+                            // An object the list returned is no longer held: the cache does
+                            // not have this list whole, so it does not claim it.
+                            continue;
+                        }
                         let meta = ListMeta {
                             rv: *rv,
                             unfiltered: selector.is_empty(),
@@ -1077,49 +1094,70 @@ fn stored(objects: &redb::Table<&[u8], &[u8]>, key: &[u8]) -> Result<Option<Reco
         .and_then(|v| Record::decode(v.value())))
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Whose objects a list replaces, and where.
+struct ListScope<'a> {
+    credential: &'a str,
+    component: &'a str,
+    gvr: &'a str,
+    namespace: &'a str,
+}
+
+impl ListScope<'_> {
+    fn key(&self, namespace: &str, name: &str) -> Vec<u8> {
+        ObjectKey {
+            credential: self.credential.into(),
+            gvr: self.gvr.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            component: self.component.into(),
+        }
+        .encode()
+    }
+}
+
+/// Writes a complete list's `items` over the component's records in its scope; `held`
+/// items stay as they are; what the list did not return and the selector covers becomes a
+/// tombstone. Existing records are read by their header only; whole records only for
+/// those the list left out. Returns false when a held item was no longer stored (the
+/// list is then not whole in the cache).
 fn replace_list(
     objects: &mut redb::Table<&[u8], &[u8]>,
-    credential: &str,
-    component: &str,
-    gvr: &str,
-    namespace: &str,
+    scope: ListScope,
     prune: Option<&Selector>,
     rv: u64,
-    items: &[Item],
+    (items, held): (&[Item], &[(String, String)]),
     now: u64,
     applied: &mut Applied,
-) -> Result<(), StoreError> {
-    let ns = (!namespace.is_empty()).then_some(namespace);
-    let start = prefix(credential, gvr, ns, None);
+) -> Result<bool, StoreError> {
+    let ns = (!scope.namespace.is_empty()).then_some(scope.namespace);
+    let start = prefix(scope.credential, scope.gvr, ns, None);
     let end = prefix_end(&start);
-    // This component's current records in the list's scope: (namespace, name) -> record.
-    let mut existing: HashMap<(String, String), Record> = HashMap::new();
+    // This component's records in the list's scope: (namespace, name) -> (version, when
+    // stored).
+    let mut existing: HashMap<(String, String), (Version, u64)> = HashMap::new();
     for entry in objects
         .range(start.as_slice()..end.as_slice())
         .map_err(db_err)?
     {
         let (k, v) = entry.map_err(db_err)?;
-        let (Some(key), Some(rec)) = (ObjectKey::decode(k.value()), Record::decode(v.value()))
+        let (Some(key), Some(header)) = (ObjectKey::decode(k.value()), Version::stored(v.value()))
         else {
             continue;
         };
-        if key.component == component {
-            existing.insert((key.namespace, key.name), rec);
+        if key.component == scope.component {
+            existing.insert((key.namespace, key.name), header);
         }
     }
-    let key_of = |namespace: &str, name: &str| ObjectKey {
-        credential: credential.into(),
-        gvr: gvr.into(),
-        namespace: namespace.into(),
-        name: name.into(),
-        component: component.into(),
-    };
+    let mut complete = true;
+    for id in held {
+        complete &= existing.remove(id).is_some();
+        applied.stale += 1;
+    }
     for item in items {
         let id = (item.namespace.clone(), item.name.clone());
         let old = existing.remove(&id);
         // A watch event newer than this list may already be stored: keep it.
-        if old.is_some_and(|o| supersedes(o.version(), item.rv, item.encoding)) {
+        if old.is_some_and(|(o, _)| supersedes(o, item.rv, item.encoding)) {
             applied.stale += 1;
             continue;
         }
@@ -1130,23 +1168,29 @@ fn replace_list(
         };
         objects
             .insert(
-                key_of(&id.0, &id.1).encode().as_slice(),
+                scope.key(&id.0, &id.1).as_slice(),
                 encode_record(flags, now, item, &item.body).as_slice(),
             )
             .map_err(db_err)?;
         applied.written += 1;
     }
     // What the list did not return, and the selector covers, is gone as of `rv`.
-    for ((ns, name), old) in existing {
-        let k = key_of(&ns, &name).encode();
-        if old.deleted {
-            if now.saturating_sub(old.stored_at) > TOMBSTONE_TTL_SECS && old.item.rv <= rv {
+    for ((ns, name), (version, stored_at)) in existing {
+        let k = scope.key(&ns, &name);
+        if version.deleted {
+            if now.saturating_sub(stored_at) > TOMBSTONE_TTL_SECS && version.rv <= rv {
                 objects.remove(k.as_slice()).map_err(db_err)?;
             }
             continue;
         }
         let Some(selector) = prune else { continue };
-        if old.item.rv > rv || !selector.matches_item(&old.item) {
+        if version.rv > rv {
+            continue;
+        }
+        let Some(old) = stored(objects, &k)? else {
+            continue;
+        };
+        if !selector.matches_item(&old.item) {
             continue;
         }
         let mut gone = old.item;
@@ -1158,7 +1202,7 @@ fn replace_list(
             .map_err(db_err)?;
         applied.deleted += 1;
     }
-    Ok(())
+    Ok(complete)
 }
 
 #[cfg(test)]
@@ -1214,6 +1258,7 @@ mod tests {
             prune: true,
             rv,
             items,
+            held: vec![],
             list_kind: "PodList".into(),
         }
     }
@@ -1447,6 +1492,58 @@ mod tests {
     }
 
     #[test]
+    fn held_items_are_neither_rewritten_nor_pruned() {
+        let dir = temp();
+        let s = Store::open(&dir).unwrap();
+        let relist = |rv, items, held: &[&str]| {
+            let mut w = replace("ns1", "", rv, items);
+            if let Write::ReplaceList { held: h, .. } = &mut w {
+                h.extend(held.iter().map(|n| ("ns1".to_string(), n.to_string())));
+            }
+            w
+        };
+        s.apply(&[replace(
+            "ns1",
+            "",
+            10,
+            vec![item("ns1", "a", 5, "x"), item("ns1", "b", 6, "x")],
+        )])
+        .unwrap();
+        // Unchanged: only the list's record is written.
+        let a = s.apply(&[relist(15, vec![], &["a", "b"])]).unwrap();
+        assert_eq!((a.written, a.stale, a.deleted), (0, 2, 0));
+        // a unchanged, b changed, c new.
+        let a = s
+            .apply(&[relist(
+                20,
+                vec![item("ns1", "b", 7, "x"), item("ns1", "c", 8, "x")],
+                &["a"],
+            )])
+            .unwrap();
+        assert_eq!((a.written, a.stale, a.deleted), (2, 1, 0));
+        let expect = |names: &[(&str, u64)]| -> Vec<(String, u64)> {
+            names
+                .iter()
+                .map(|(n, rv)| (format!("ns1/{n}@kubelet"), *rv))
+                .collect()
+        };
+        assert_eq!(live(&s), expect(&[("a", 5), ("b", 7), ("c", 8)]));
+        let list_rv = |s: &Store| s.list_metas("node", "/v1/pods", "ns1").unwrap()[0].rv;
+        assert_eq!(list_rv(&s), 20);
+        // A held item that is no longer stored: the list is not claimed whole, and the
+        // objects it named are left as they are.
+        let a = s.apply(&[relist(30, vec![], &["a", "b", "gone"])]).unwrap();
+        assert_eq!(a.deleted, 1);
+        assert_eq!(list_rv(&s), 20);
+        assert_eq!(
+            live(&s),
+            expect(&[("a", 5), ("b", 7)]),
+            "c was pruned, a and b kept"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn each_selector_keeps_its_list_record_within_a_bound() {
         let dir = temp();
         let s = Store::open(&dir).unwrap();
@@ -1459,6 +1556,7 @@ mod tests {
             prune: true,
             rv,
             items: vec![],
+            held: vec![],
             list_kind: "ConfigMapList".into(),
         };
         let started = std::time::Instant::now();

@@ -14,6 +14,8 @@ use std::{
 
 use bytes::Bytes;
 
+use crate::kproto;
+
 use super::{
     objects::{self, Encoding, EventType, Item},
     select::Selector,
@@ -148,6 +150,8 @@ impl Op {
 pub struct Stats {
     pub written: AtomicU64,
     pub stale: AtomicU64,
+    /// Of the stale: objects recognised as held by a metadata scan alone, never parsed.
+    pub scanned_only: AtomicU64,
     pub deleted: AtomicU64,
     /// Answers or events that could not be parsed or named an invalid object.
     pub rejected: AtomicU64,
@@ -204,6 +208,8 @@ struct Staged {
     kind: String,
     rv: u64,
     items: Vec<Item>,
+    /// Items the store held already: (namespace, name).
+    held: Vec<(String, String)>,
     since: Instant,
 }
 
@@ -259,10 +265,16 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
             };
             match op {
                 Op::Flush(done) => flushes.push(done),
-                op if already_held(&store, &mut snapshot, &op) => {
+                op if already_held(&mut Held::new(&store, &mut snapshot), &op) => {
                     stats.stale.fetch_add(1, Ordering::Relaxed);
+                    stats.scanned_only.fetch_add(1, Ordering::Relaxed);
                 }
-                op => match prepare(op, &mut staged) {
+                op => match prepare(
+                    op,
+                    &mut staged,
+                    &mut Held::new(&store, &mut snapshot),
+                    &stats,
+                ) {
                     Ok(w) => writes.extend(w),
                     // A Table (kubectl's default output) or a Status: nothing to keep.
                     Err(Rejected::NotAnObject) => {}
@@ -346,34 +358,60 @@ fn concat(parts: Vec<Bytes>) -> Bytes {
     }
 }
 
-/// A JSON GET answer whose object the store already holds at this resourceVersion (the
-/// common repeat): found with a metadata scan and a read of the stored record's header
-/// instead of parsing and re-encoding the whole object. The batch's questions share one
-/// read snapshot (callgrind, 1500 repeated GETs: a snapshot and a whole-record decode per
-/// answer cost the writer 42M instructions, this 25M, most of it the scan).
-fn already_held(store: &Store, snapshot: &mut Option<Snapshot>, op: &Op) -> bool {
-    let Op::Whole { target, body, .. } = op else {
-        return false;
-    };
-    if !matches!(target.kind, TargetKind::Object) || target.encoding != Encoding::Json {
-        return false;
+/// Asks whether the store already holds an object at a resourceVersion, with one read
+/// snapshot for the whole batch: its writes come after all its questions. (callgrind,
+/// 1500 repeated GETs: a snapshot and a whole-record decode per answer cost the writer
+/// 42M instructions, a shared snapshot and the record's header 25M, most of it the
+/// metadata scan.)
+struct Held<'a> {
+    store: &'a Store,
+    snapshot: &'a mut Option<Snapshot>,
+}
+
+impl<'a> Held<'a> {
+    fn new(store: &'a Store, snapshot: &'a mut Option<Snapshot>) -> Held<'a> {
+        Held { store, snapshot }
     }
-    let Some(id) = objects::identify_json(&concat(body.clone())) else {
-        return false;
-    };
-    let key = ObjectKey {
-        credential: target.credential.clone(),
-        gvr: target.gvr.clone(),
-        namespace: id.namespace,
-        name: id.name,
-        component: target.component.clone(),
-    };
-    if snapshot.is_none() {
-        *snapshot = store.snapshot().ok();
+
+    fn holds(&mut self, target: &Target, id: &objects::Identity) -> bool {
+        let key = ObjectKey {
+            credential: target.credential.clone(),
+            gvr: target.gvr.clone(),
+            namespace: id.namespace.clone(),
+            name: id.name.clone(),
+            component: target.component.clone(),
+        };
+        if self.snapshot.is_none() {
+            *self.snapshot = self.store.snapshot().ok();
+        }
+        self.snapshot
+            .as_ref()
+            .is_some_and(|s| s.holds(&key, id.rv, target.encoding).unwrap_or(false))
     }
-    snapshot
-        .as_ref()
-        .is_some_and(|s| s.holds(&key, id.rv, Encoding::Json).unwrap_or(false))
+}
+
+/// A GET answer or an ADDED/MODIFIED event whose object the store already holds at this
+/// resourceVersion (the common repeat): found with a metadata scan and a read of the
+/// stored record's header instead of parsing and re-encoding the whole object.
+fn already_held(held: &mut Held, op: &Op) -> bool {
+    let id = match op {
+        Op::Whole { target, body, .. } if matches!(target.kind, TargetKind::Object) => {
+            let body = concat(body.clone());
+            match target.encoding {
+                Encoding::Json => objects::identify_json(&body),
+                Encoding::Protobuf => {
+                    kproto::unwrap(&body).and_then(|u| objects::identify_protobuf(u.raw))
+                }
+            }
+        }
+        Op::Event { target, frame } => objects::identify_event(target.encoding, frame),
+        _ => None,
+    };
+    let target = match op {
+        Op::Whole { target, .. } | Op::Event { target, .. } => target,
+        Op::Flush(_) => return false,
+    };
+    id.is_some_and(|id| held.holds(target, &id))
 }
 
 fn key(target: &Target, item: &Item) -> ObjectKey {
@@ -400,7 +438,12 @@ impl From<String> for Rejected {
 }
 
 /// Turns one teed answer into store writes (none for a page of an unfinished list).
-fn prepare(op: Op, staged: &mut HashMap<String, Staged>) -> Result<Vec<Write>, Rejected> {
+fn prepare(
+    op: Op,
+    staged: &mut HashMap<String, Staged>,
+    held: &mut Held,
+    stats: &Stats,
+) -> Result<Vec<Write>, Rejected> {
     let err = |t: &Target, e: objects::ParseError| match e {
         objects::ParseError::NotAnObject => Rejected::NotAnObject,
         e => Rejected::Bad(format!("{} {}: {e}", t.component, t.gvr)),
@@ -430,15 +473,15 @@ fn prepare(op: Op, staged: &mut HashMap<String, Staged>) -> Result<Vec<Write>, R
             })
         }
         Op::Whole { target, body, .. } => {
-            let body = concat(body);
+            let whole = || concat(body.clone());
             match &target.kind {
                 TargetKind::Raw { path, content_type } => Ok(vec![Write::Raw {
                     path: path.clone(),
                     content_type: content_type.clone(),
-                    body: body.to_vec(),
+                    body: whole().to_vec(),
                 }]),
                 TargetKind::Object => {
-                    let item = objects::parse_object(&target.resource, target.encoding, &body)
+                    let item = objects::parse_object(&target.resource, target.encoding, &whole())
                         .map_err(|e| err(&target, e))?;
                     Ok(vec![Write::Upsert {
                         key: key(&target, &item),
@@ -448,8 +491,13 @@ fn prepare(op: Op, staged: &mut HashMap<String, Staged>) -> Result<Vec<Write>, R
                 }
                 TargetKind::Watch { .. } => Ok(vec![]),
                 TargetKind::List { continue_from, .. } => {
-                    let page = objects::parse_list(&target.resource, target.encoding, &body)
-                        .map_err(|e| err(&target, e))?;
+                    let page = objects::parse_list_pieces(
+                        &target.resource,
+                        target.encoding,
+                        &body,
+                        |id| held.holds(&target, id),
+                    )
+                    .map_err(|e| err(&target, e))?;
                     if page.bad > 0 {
                         return Err(Rejected::Bad(format!(
                             "{} {}: {} list items could not be cached (bad name or body)",
@@ -462,6 +510,7 @@ fn prepare(op: Op, staged: &mut HashMap<String, Staged>) -> Result<Vec<Write>, R
                             kind: page.kind.clone(),
                             rv: page.rv,
                             items: Vec::new(),
+                            held: Vec::new(),
                             since: Instant::now(),
                         },
                         // A later page whose first page we did not see: nothing to complete.
@@ -473,6 +522,10 @@ fn prepare(op: Op, staged: &mut HashMap<String, Staged>) -> Result<Vec<Write>, R
                         })?,
                     };
                     acc.items.extend(page.items);
+                    stats
+                        .scanned_only
+                        .fetch_add(page.held.len() as u64, Ordering::Relaxed);
+                    acc.held.extend(page.held);
                     if !page.continue_token.is_empty() {
                         staged.retain(|_, s| s.since.elapsed() < STAGED_TTL);
                         if staged.len() < STAGED_MAX {
@@ -513,6 +566,7 @@ fn replace_write(acc: Staged) -> Result<Write, String> {
         prune,
         rv: acc.rv,
         items: acc.items,
+        held: acc.held,
         list_kind: acc.kind,
     })
 }

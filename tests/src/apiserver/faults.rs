@@ -1,5 +1,7 @@
 //! Knobs tests turn to make the cloud misbehave: latency, a share of 5xx answers, refused
-//! connections, frozen watches. Set through the library handle or `PUT /_standin/faults`.
+//! connections, frozen watches — and a server cost, the CPU a real kube-apiserver spends per
+//! answer, so that a proxy's own cost is measured against a realistic upstream. Set
+//! through the library handle or `PUT /_standin/faults`.
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
@@ -10,6 +12,8 @@ pub struct Faults {
     error_permille: AtomicU32,
     refuse: AtomicBool,
     freeze_watches: AtomicBool,
+    cost_us: AtomicU64,
+    cost_us_per_kib: AtomicU64,
     counter: AtomicU64,
 }
 
@@ -25,6 +29,23 @@ pub struct FaultSettings {
     pub refuse: bool,
     /// Open watches stop delivering events (the connection stays up).
     pub freeze_watches: bool,
+    /// CPU spent on every answer (not watches) before it is sent, in µs.
+    pub cost_us: u64,
+    /// And per KiB of the answer: a real apiserver's serialisation grows with the size.
+    pub cost_us_per_kib: u64,
+}
+
+impl FaultSettings {
+    /// kube-apiserver 1.32's profile on a small machine: a GET of one pod costs about
+    /// 1 ms of server time and a 1k-pod JSON list (~1 MiB here) about 20 ms.
+    pub const REALISTIC_COST: FaultSettings = FaultSettings {
+        latency_ms: 0,
+        error_permille: 0,
+        refuse: false,
+        freeze_watches: false,
+        cost_us: 1000,
+        cost_us_per_kib: 18,
+    };
 }
 
 impl Faults {
@@ -35,6 +56,9 @@ impl Faults {
         self.refuse.store(s.refuse, Ordering::SeqCst);
         self.freeze_watches
             .store(s.freeze_watches, Ordering::SeqCst);
+        self.cost_us.store(s.cost_us, Ordering::SeqCst);
+        self.cost_us_per_kib
+            .store(s.cost_us_per_kib, Ordering::SeqCst);
     }
 
     pub fn get(&self) -> FaultSettings {
@@ -43,7 +67,17 @@ impl Faults {
             error_permille: self.error_permille.load(Ordering::SeqCst),
             refuse: self.refuse.load(Ordering::SeqCst),
             freeze_watches: self.freeze_watches.load(Ordering::SeqCst),
+            cost_us: self.cost_us.load(Ordering::SeqCst),
+            cost_us_per_kib: self.cost_us_per_kib.load(Ordering::SeqCst),
         }
+    }
+
+    /// The server cost as set now: (µs per answer, µs per KiB).
+    pub fn server_cost(&self) -> (u64, u64) {
+        (
+            self.cost_us.load(Ordering::Relaxed),
+            self.cost_us_per_kib.load(Ordering::Relaxed),
+        )
     }
 
     pub fn latency(&self) -> std::time::Duration {
@@ -67,5 +101,31 @@ impl Faults {
 
     pub fn watches_frozen(&self) -> bool {
         self.freeze_watches.load(Ordering::Relaxed)
+    }
+}
+
+/// The CPU an answer of `bytes` costs the server, zero when the knob is off.
+pub fn cost(per_answer_us: u64, per_kib_us: u64, bytes: u64) -> std::time::Duration {
+    std::time::Duration::from_micros(per_answer_us + per_kib_us * bytes / 1024)
+}
+
+/// Keeps this thread's CPU busy for `cpu` of CPU time (not wall time: on a busy machine the
+/// server still spends what a real one would).
+pub fn spend_cpu(cpu: std::time::Duration) {
+    fn thread_cpu() -> std::time::Duration {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+    let until = thread_cpu() + cpu;
+    let mut x = 0u64;
+    while thread_cpu() < until {
+        for i in 0..1000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
     }
 }

@@ -438,6 +438,7 @@ async fn route(
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .map(String::from);
+    let cost = (!watching).then(|| state.faults.server_cost());
     let resp = authenticated(state, user, path, req).await;
     let resp = in_protobuf_if_asked(resp, accept.as_deref()).await;
     let resp = if accepts_gzip && !watching {
@@ -445,6 +446,13 @@ async fn route(
     } else {
         resp
     };
+    if let Some((per_answer, per_kib)) = cost {
+        let bytes = hyper::body::Body::size_hint(resp.body()).lower();
+        let cost = faults::cost(per_answer, per_kib, bytes);
+        if !cost.is_zero() {
+            let _ = tokio::task::spawn_blocking(move || faults::spend_cpu(cost)).await;
+        }
+    }
     let (parts, body) = resp.into_parts();
     Response::from_parts(
         parts,
@@ -640,8 +648,8 @@ fn misc(path: &str) -> Option<Response<Body>> {
     }
 }
 
-/// `/_standin/faults` (GET, PUT), `/_standin/compact` (POST) and `/_standin/traffic` (GET;
-/// DELETE resets it), for system:masters only.
+/// `/_standin/faults` (GET, PUT), `/_standin/compact` and `/_standin/touch` (POST) and
+/// `/_standin/traffic` (GET; DELETE resets it), for system:masters only.
 async fn control(state: &State, user: Option<&User>, req: Request<Incoming>) -> Response<Body> {
     if !user.is_some_and(|u| u.groups.iter().any(|g| g == "system:masters")) {
         return status_error(
@@ -673,6 +681,7 @@ async fn control(state: &State, user: Option<&User>, req: Request<Incoming>) -> 
             state.traffic.reset();
             json_response(StatusCode::OK, &json!({}))
         }
+        (Method::POST, "/_standin/touch") => touch(state, req.uri().query().unwrap_or("")),
         (Method::POST, "/_standin/compact") => {
             state.store.compact();
             json_response(
@@ -682,4 +691,45 @@ async fn control(state: &State, user: Option<&User>, req: Request<Incoming>) -> 
         }
         _ => not_found(),
     }
+}
+
+/// `POST /_standin/touch?resource=pods&namespace=default`: every object of a core resource
+/// (in the namespace, or all) gets a new resourceVersion (an annotation changes), so the
+/// next list returns every item changed — a benchmark's "changed list".
+fn touch(state: &State, query: &str) -> Response<Body> {
+    let param = |name: &str| {
+        query
+            .split('&')
+            .find_map(|p| p.strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or_default()
+    };
+    let Some(resource) = resources::find("", "v1", param("resource")) else {
+        return http::bad_request("touch: resource= names no core v1 resource");
+    };
+    let namespace = Some(param("namespace")).filter(|n| !n.is_empty());
+    let Ok(page) = state
+        .store
+        .list(resource, namespace, None, None, 0, |_| true)
+    else {
+        return http::bad_request("touch: cannot list");
+    };
+    let stamp = state.store.current_rv().to_string();
+    let mut touched = 0;
+    for obj in &page.items {
+        let key = store::Key {
+            resource,
+            namespace: obj["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .into(),
+            name: obj["metadata"]["name"].as_str().unwrap_or_default().into(),
+        };
+        let updated = state.store.update(key, None, |cur| {
+            let mut next = cur.clone();
+            next["metadata"]["annotations"]["standin/touched"] = json!(stamp);
+            next
+        });
+        touched += usize::from(updated.is_ok());
+    }
+    json_response(StatusCode::OK, &json!({"touched": touched}))
 }

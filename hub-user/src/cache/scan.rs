@@ -1,0 +1,452 @@
+//! Lists sliced into items without parsing them, straight from the pieces the answer
+//! arrived in: a JSON list by a scan that tracks only strings and nesting, a protobuf list
+//! by its field tags. An item that lies inside one piece is a reference to it (no copy);
+//! only items across a piece boundary are copied. The writer then names each item by a
+//! metadata scan and parses in full only the items the store does not already hold: a
+//! relist of unchanged objects costs a scan, not a parse and a write.
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+
+use super::objects::ParseError;
+use crate::kproto;
+
+/// A list's items, each still in its encoding (a JSON object without apiVersion/kind as
+/// kube-apiserver writes list items; a protobuf message without envelope).
+#[derive(Debug)]
+pub struct ScannedList {
+    /// The list's own kind (`PodList`).
+    pub kind: String,
+    pub api_version: String,
+    pub rv: String,
+    pub continue_token: String,
+    pub items: Vec<Bytes>,
+}
+
+/// Bytes `start..end` of the answer, a slice of one piece when they lie in it.
+fn range(parts: &[Bytes], start: usize, end: usize) -> Bytes {
+    let mut base = 0;
+    let mut out: Option<BytesMut> = None;
+    for part in parts {
+        let (lo, hi) = (base, base + part.len());
+        base = hi;
+        if hi <= start || lo >= end {
+            continue;
+        }
+        let (from, to) = (start.max(lo) - lo, end.min(hi) - lo);
+        if out.is_none() && lo <= start && end <= hi {
+            return part.slice(from..to);
+        }
+        out.get_or_insert_with(|| BytesMut::with_capacity(end - start))
+            .extend_from_slice(&part[from..to]);
+    }
+    out.map(BytesMut::freeze).unwrap_or_default()
+}
+
+#[derive(Deserialize)]
+struct JsonHead {
+    #[serde(default)]
+    kind: String,
+    #[serde(default, rename = "apiVersion")]
+    api_version: String,
+    #[serde(default)]
+    metadata: JsonHeadMeta,
+}
+
+#[derive(Deserialize, Default)]
+struct JsonHeadMeta {
+    #[serde(default, rename = "resourceVersion")]
+    resource_version: String,
+    #[serde(default, rename = "continue")]
+    continue_token: String,
+}
+
+/// Where the scan is in a JSON list.
+#[derive(Default)]
+struct JsonSplit {
+    depth: usize,
+    in_string: bool,
+    escaped: bool,
+    closed: bool,
+    /// At depth 1: the next non-blank byte starts a member (`"key": value`).
+    expecting_member: bool,
+    member_start: usize,
+    /// The current member's key, once read.
+    key: Option<(usize, usize)>,
+    key_start: Option<usize>,
+    /// The top-level members other than `items`, as ranges.
+    members: Vec<(usize, usize)>,
+    in_items: bool,
+    expecting_item: bool,
+    item_start: usize,
+    items: Vec<(usize, usize)>,
+}
+
+const MALFORMED: ParseError = ParseError::Malformed("JSON list");
+
+impl JsonSplit {
+    fn key_is(&self, parts: &[Bytes], name: &[u8]) -> bool {
+        self.key
+            .is_some_and(|(s, e)| e - s == name.len() && range(parts, s, e) == name)
+    }
+
+    fn end_member(&mut self, parts: &[Bytes], end: usize) {
+        if !self.key_is(parts, b"items") {
+            self.members.push((self.member_start, end));
+        }
+        self.key = None;
+    }
+
+    /// One byte outside a string, at `pos`.
+    fn structural(&mut self, parts: &[Bytes], pos: usize, c: u8) -> Result<(), ParseError> {
+        if c.is_ascii_whitespace() {
+            return Ok(());
+        }
+        if self.closed {
+            return Err(MALFORMED);
+        }
+        if self.expecting_member && c != b'}' {
+            self.expecting_member = false;
+            self.member_start = pos;
+        }
+        if self.expecting_item && c != b']' {
+            self.expecting_item = false;
+            self.item_start = pos;
+        }
+        match c {
+            b'"' => {
+                self.in_string = true;
+                if self.depth == 1 && self.key.is_none() {
+                    self.key_start = Some(pos + 1);
+                }
+            }
+            b'{' | b'[' => {
+                if self.depth == 0 && c != b'{' {
+                    return Err(MALFORMED);
+                }
+                if self.depth == 0 {
+                    self.expecting_member = true;
+                } else if self.depth == 1 && c == b'[' && self.key_is(parts, b"items") {
+                    self.in_items = true;
+                    self.expecting_item = true;
+                }
+                self.depth += 1;
+            }
+            b'}' | b']' => {
+                self.depth = self.depth.checked_sub(1).ok_or(MALFORMED)?;
+                if self.in_items && self.depth == 1 {
+                    if !self.expecting_item {
+                        self.items.push((self.item_start, pos));
+                    }
+                    self.in_items = false;
+                    self.expecting_item = false;
+                } else if self.depth == 0 {
+                    if !self.expecting_member {
+                        self.end_member(parts, pos);
+                    }
+                    self.expecting_member = false;
+                    self.closed = true;
+                }
+            }
+            b',' if self.depth == 1 => {
+                self.end_member(parts, pos);
+                self.expecting_member = true;
+            }
+            b',' if self.depth == 2 && self.in_items => {
+                self.items.push((self.item_start, pos));
+                self.expecting_item = true;
+            }
+            _ if self.depth == 0 => return Err(MALFORMED),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// One piece, starting at offset `base` of the answer.
+    fn feed(&mut self, parts: &[Bytes], part: &[u8], base: usize) -> Result<(), ParseError> {
+        let mut i = 0;
+        while i < part.len() {
+            if self.in_string {
+                if std::mem::take(&mut self.escaped) {
+                    i += 1;
+                    continue;
+                }
+                // Only a quote or a backslash matters inside a string.
+                match memchr::memchr2(b'"', b'\\', &part[i..]) {
+                    None => return Ok(()),
+                    Some(n) => {
+                        i += n;
+                        if part[i] == b'\\' {
+                            self.escaped = true;
+                        } else {
+                            self.in_string = false;
+                            if let Some(start) = self.key_start.take() {
+                                self.key = Some((start, base + i));
+                            }
+                        }
+                        i += 1;
+                    }
+                }
+                continue;
+            }
+            self.structural(parts, base + i, part[i])?;
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
+/// A JSON list's items and head, from the pieces it arrived in.
+pub fn json_list(parts: &[Bytes]) -> Result<ScannedList, ParseError> {
+    let mut split = JsonSplit::default();
+    let mut base = 0;
+    for part in parts {
+        split.feed(parts, part, base)?;
+        base += part.len();
+    }
+    if !split.closed || split.in_string {
+        return Err(MALFORMED);
+    }
+    // The head is the list without its items: small, parsed the ordinary way.
+    let mut head = vec![b'{'];
+    for (i, (s, e)) in split.members.iter().enumerate() {
+        if i > 0 {
+            head.push(b',');
+        }
+        head.extend_from_slice(&range(parts, *s, *e));
+    }
+    head.push(b'}');
+    let head: JsonHead = serde_json::from_slice(&head).map_err(|_| MALFORMED)?;
+    Ok(ScannedList {
+        kind: head.kind,
+        api_version: head.api_version,
+        rv: head.metadata.resource_version,
+        continue_token: head.metadata.continue_token,
+        items: split
+            .items
+            .iter()
+            .map(|(s, e)| range(parts, *s, *e))
+            .collect(),
+    })
+}
+
+/// Reads protobuf across the pieces of an answer.
+struct Cursor<'a> {
+    parts: &'a [Bytes],
+    pos: usize,
+    len: usize,
+}
+
+impl Cursor<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let mut base = 0;
+        for part in self.parts {
+            if self.pos < base + part.len() {
+                let b = part[self.pos - base];
+                self.pos += 1;
+                return Some(b);
+            }
+            base += part.len();
+        }
+        None
+    }
+
+    fn varint(&mut self) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    fn take(&mut self, n: usize) -> Option<Bytes> {
+        let end = self.pos.checked_add(n).filter(|e| *e <= self.len)?;
+        let out = range(self.parts, self.pos, end);
+        self.pos = end;
+        Some(out)
+    }
+
+    /// The next field of a message ending at `end`: its number and, for a
+    /// length-delimited one, where its bytes start and how long they are (other wire
+    /// types are skipped and give None).
+    fn field(&mut self, end: usize) -> Option<(u64, Option<usize>)> {
+        let key = self.varint()?;
+        let len = match key & 7 {
+            0 => {
+                self.varint()?;
+                None
+            }
+            1 => {
+                self.take(8)?;
+                None
+            }
+            2 => Some(usize::try_from(self.varint()?).ok()?),
+            5 => {
+                self.take(4)?;
+                None
+            }
+            _ => return None,
+        };
+        if self.pos + len.unwrap_or(0) > end {
+            return None;
+        }
+        Some((key >> 3, len))
+    }
+}
+
+/// A protobuf list (`k8s\0` + Unknown whose raw is the List) sliced into its items.
+pub fn protobuf_list(parts: &[Bytes]) -> Result<ScannedList, ParseError> {
+    const MALFORMED: ParseError = ParseError::Malformed("protobuf list");
+    let len = parts.iter().map(Bytes::len).sum();
+    let mut c = Cursor { parts, pos: 0, len };
+    if c.take(kproto::MAGIC.len()).as_deref() != Some(kproto::MAGIC) {
+        return Err(MALFORMED);
+    }
+    let mut out = ScannedList {
+        kind: String::new(),
+        api_version: String::new(),
+        rv: String::new(),
+        continue_token: String::new(),
+        items: Vec::new(),
+    };
+    while c.pos < len {
+        let (field, n) = c.field(len).ok_or(MALFORMED)?;
+        let Some(n) = n else { continue };
+        match field {
+            1 => {
+                let type_meta = c.take(n).ok_or(MALFORMED)?;
+                let f = kproto::fields(&type_meta).ok_or(MALFORMED)?;
+                out.api_version = kproto::text(&f, 1);
+                out.kind = kproto::text(&f, 2);
+            }
+            // The List message: ListMeta in 1, items in 2.
+            2 => {
+                let end = c.pos + n;
+                while c.pos < end {
+                    let (field, n) = c.field(end).ok_or(MALFORMED)?;
+                    let Some(n) = n else { continue };
+                    let bytes = c.take(n).ok_or(MALFORMED)?;
+                    match field {
+                        1 => {
+                            let meta = kproto::fields(&bytes).ok_or(MALFORMED)?;
+                            out.rv = kproto::text(&meta, 2);
+                            out.continue_token = kproto::text(&meta, 3);
+                        }
+                        2 => out.items.push(bytes),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {
+                c.take(n).ok_or(MALFORMED)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `text` cut into pieces of `size` bytes, as an answer arrives in frames.
+    fn pieces(text: &[u8], size: usize) -> Vec<Bytes> {
+        text.chunks(size).map(Bytes::copy_from_slice).collect()
+    }
+
+    #[test]
+    fn json_lists_split_into_items_whatever_the_piece_boundaries() {
+        let list = br#" {"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"42","continue":"c1"},
+            "items":[{"metadata":{"name":"a","annotations":{"x":"]},\"[{"}}}, {"metadata":{"name":"b"},"spec":{"l":[1,2,{"k":"v"}]}} ]} "#;
+        let whole = json_list(&[Bytes::from_static(list)]).unwrap();
+        assert_eq!(
+            (
+                whole.kind.as_str(),
+                whole.api_version.as_str(),
+                whole.rv.as_str()
+            ),
+            ("PodList", "v1", "42")
+        );
+        assert_eq!(whole.continue_token, "c1");
+        let items: Vec<serde_json::Value> = whole
+            .items
+            .iter()
+            .map(|i| serde_json::from_slice(i).unwrap())
+            .collect();
+        assert_eq!(items[0]["metadata"]["annotations"]["x"], "]},\"[{");
+        assert_eq!(items[1]["spec"]["l"][2]["k"], "v");
+        for size in 1..list.len() {
+            let cut = json_list(&pieces(list, size)).unwrap();
+            assert_eq!(cut.items, whole.items, "pieces of {size}");
+            assert_eq!(cut.rv, "42");
+        }
+    }
+
+    #[test]
+    fn json_items_may_come_first_or_be_empty_or_null() {
+        for (list, n) in [
+            (&br#"{"items":[{"metadata":{"name":"a"}}],"kind":"PodList","metadata":{"resourceVersion":"7"}}"#[..], 1),
+            (br#"{"kind":"PodList","items":[],"metadata":{"resourceVersion":"7"}}"#, 0),
+            (br#"{"kind":"PodList","items":null,"metadata":{"resourceVersion":"7"}}"#, 0),
+        ] {
+            let l = json_list(&pieces(list, 5)).unwrap();
+            assert_eq!((l.items.len(), l.rv.as_str(), l.kind.as_str()), (n, "7", "PodList"));
+        }
+    }
+
+    #[test]
+    fn malformed_json_lists_are_refused() {
+        for bad in [
+            &b""[..],
+            b"[]",
+            b"{\"kind\":\"PodList\",\"items\":[{}]",
+            b"{\"kind\":\"PodList\"} x",
+            b"{\"kind\":\"PodList\",\"items\":[{\"a\":\"}]}",
+            b"{\"kind\":\"PodList\",\"metadata\":{\"resourceVersion\":}}",
+            b"}{",
+        ] {
+            assert!(
+                json_list(&pieces(bad, 3)).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn protobuf_lists_split_into_items_whatever_the_piece_boundaries() {
+        let mut meta = Vec::new();
+        kproto::put_bytes(&mut meta, 2, b"99");
+        kproto::put_bytes(&mut meta, 3, b"next");
+        let mut list = Vec::new();
+        kproto::put_bytes(&mut list, 1, &meta);
+        let items: Vec<Vec<u8>> = (0..5)
+            .map(|i| {
+                let mut object_meta = Vec::new();
+                kproto::put_bytes(
+                    &mut object_meta,
+                    1,
+                    format!("pod-{i}").repeat(i + 1).as_bytes(),
+                );
+                let mut object = Vec::new();
+                kproto::put_bytes(&mut object, 1, &object_meta);
+                object
+            })
+            .collect();
+        for item in &items {
+            kproto::put_bytes(&mut list, 2, item);
+        }
+        let body = kproto::envelope("v1", "PodList", &list);
+        for size in 1..body.len() {
+            let l = protobuf_list(&pieces(&body, size)).unwrap();
+            assert_eq!((l.kind.as_str(), l.api_version.as_str()), ("PodList", "v1"));
+            assert_eq!((l.rv.as_str(), l.continue_token.as_str()), ("99", "next"));
+            assert_eq!(l.items, items, "pieces of {size}");
+        }
+        assert!(protobuf_list(&pieces(&body[..body.len() - 3], 7)).is_err());
+        assert!(protobuf_list(&pieces(&body[4..], 7)).is_err());
+    }
+}
