@@ -29,10 +29,15 @@ async fn get(client: &Http, url: &str) -> Result<Bytes> {
 }
 
 async fn get_as(client: &Http, url: &str, accept: &str) -> Result<Bytes> {
+    get_by(client, url, accept, COMPONENT).await
+}
+
+/// A GET as `component` (its User-Agent): the hub caches only its configured components.
+async fn get_by(client: &Http, url: &str, accept: &str, component: &str) -> Result<Bytes> {
     let req = Request::get(url)
         .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
         .header("Accept", accept)
-        .header("User-Agent", format!("{COMPONENT}/1.0"))
+        .header("User-Agent", format!("{component}/1.0"))
         .body(Empty::<Bytes>::new().map_err(|n| match n {}).boxed())?;
     let resp = client.request(req).await?;
     anyhow::ensure!(resp.status().is_success(), "{url}: {}", resp.status());
@@ -334,6 +339,23 @@ impl Bench<'_> {
             self.latency_rows(&format!("{metric} p50"), &mut t, 0.5, "ms");
             self.cpu_row(&format!("CPU per {metric}"), &before, LISTS);
         }
+
+        // The same list for a component the hub does not cache: the proxy's share alone.
+        let before = self.cpu_now();
+        let mut t = interleaved(&urls, LISTS, |base| async move {
+            let t = Instant::now();
+            get_by(
+                client,
+                &format!("{base}{LIST}"),
+                "application/json",
+                "uncached",
+            )
+            .await?;
+            Ok(t.elapsed().as_secs_f64() * 1e3)
+        })
+        .await?;
+        self.latency_rows("LIST 1k pods JSON, not cached p50", &mut t, 0.5, "ms");
+        self.cpu_row("CPU per LIST 1k pods JSON, not cached", &before, LISTS);
 
         // Every pod changed before each list: the cache parses and writes all of them.
         const CHANGED: usize = 12;

@@ -552,10 +552,18 @@ pub fn parse_list_pieces(
         held: Vec::new(),
         bad: 0,
     };
-    for raw in list.items {
-        let id = match enc {
-            Encoding::Json => identify_json(&raw),
-            Encoding::Protobuf => identify_protobuf(&raw),
+    for scan::ScannedItem { raw, identity } in list.items {
+        let id = match (identity, enc) {
+            (Some((namespace, name, rv)), _) => parse_rv(&rv)
+                .ok()
+                .filter(|rv| *rv > 0 && !name.is_empty())
+                .map(|rv| Identity {
+                    namespace,
+                    name,
+                    rv,
+                }),
+            (None, Encoding::Json) => identify_json(&raw),
+            (None, Encoding::Protobuf) => identify_protobuf(&raw),
         };
         if let Some(id) = id.filter(|id| held(id)) {
             out.held.push((id.namespace, id.name));

@@ -19,7 +19,7 @@ pub struct ScannedList {
     pub api_version: String,
     pub rv: String,
     pub continue_token: String,
-    pub items: Vec<Bytes>,
+    pub items: Vec<ScannedItem>,
 }
 
 /// Bytes `start..end` of the answer, a slice of one piece when they lie in it.
@@ -60,44 +60,129 @@ struct JsonHeadMeta {
     continue_token: String,
 }
 
-/// Where the scan is in a JSON list.
+/// What the string being scanned is, for the few the scan reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Str {
+    Other,
+    /// A key of the list's own object (`items`, `metadata`, …).
+    TopKey,
+    /// A key of an item (`metadata`, `spec`, …).
+    ItemKey,
+    /// A key of an item's metadata.
+    MetaKey,
+    /// The value of an item's metadata name, namespace or resourceVersion.
+    MetaValue,
+}
+
+/// Which metadata field a value belongs to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MetaField {
+    Name,
+    Namespace,
+    ResourceVersion,
+    Other,
+}
+
+/// An item's identity as the scan read it.
+#[derive(Default)]
+struct ScannedIdentity {
+    name: Option<String>,
+    namespace: String,
+    rv: Option<String>,
+    /// An escape in a value read: left to the full metadata scan.
+    escaped: bool,
+}
+
+/// Where the scan is in a JSON list. Depth counts open brackets: 1 inside the list's
+/// object, 2 inside `items`, 3 inside an item, 4 inside its metadata.
 #[derive(Default)]
 struct JsonSplit {
     depth: usize,
-    in_string: bool,
+    /// Inside a string, and what it is.
+    string: Option<Str>,
     escaped: bool,
     closed: bool,
+    /// The last structural byte at this depth was `{` or `,`: a string here is a key.
+    key_slot: bool,
+    /// The bytes of the string being read, for the strings the scan keeps.
+    capture: Vec<u8>,
+    capture_escaped: bool,
     /// At depth 1: the next non-blank byte starts a member (`"key": value`).
     expecting_member: bool,
     member_start: usize,
-    /// The current member's key, once read.
-    key: Option<(usize, usize)>,
-    key_start: Option<usize>,
+    top_key: Vec<u8>,
     /// The top-level members other than `items`, as ranges.
     members: Vec<(usize, usize)>,
     in_items: bool,
     expecting_item: bool,
     item_start: usize,
-    items: Vec<(usize, usize)>,
+    item_key: Vec<u8>,
+    in_meta: bool,
+    meta_field: Option<MetaField>,
+    identity: ScannedIdentity,
+    items: Vec<(usize, usize, ScannedIdentity)>,
 }
 
 const MALFORMED: ParseError = ParseError::Malformed("JSON list");
 
 impl JsonSplit {
-    fn key_is(&self, parts: &[Bytes], name: &[u8]) -> bool {
-        self.key
-            .is_some_and(|(s, e)| e - s == name.len() && range(parts, s, e) == name)
-    }
-
-    fn end_member(&mut self, parts: &[Bytes], end: usize) {
-        if !self.key_is(parts, b"items") {
+    fn end_member(&mut self, end: usize) {
+        if self.top_key != b"items" {
             self.members.push((self.member_start, end));
         }
-        self.key = None;
+        self.top_key.clear();
+    }
+
+    fn end_item(&mut self, end: usize) {
+        let id = std::mem::take(&mut self.identity);
+        self.items.push((self.item_start, end, id));
+    }
+
+    fn open_string(&mut self) {
+        let kind = match self.depth {
+            1 if self.key_slot => Str::TopKey,
+            3 if self.in_items && self.key_slot => Str::ItemKey,
+            4 if self.in_meta && self.key_slot => Str::MetaKey,
+            4 if self.in_meta && self.meta_field.is_some_and(|f| f != MetaField::Other) => {
+                Str::MetaValue
+            }
+            _ => Str::Other,
+        };
+        self.string = Some(kind);
+        self.capture.clear();
+        self.capture_escaped = false;
+    }
+
+    fn close_string(&mut self) {
+        let text = || String::from_utf8(self.capture.clone()).ok();
+        match self.string.take() {
+            Some(Str::TopKey) => self.top_key = std::mem::take(&mut self.capture),
+            Some(Str::ItemKey) => self.item_key = std::mem::take(&mut self.capture),
+            Some(Str::MetaKey) => {
+                self.meta_field = Some(match self.capture.as_slice() {
+                    b"name" => MetaField::Name,
+                    b"namespace" => MetaField::Namespace,
+                    b"resourceVersion" => MetaField::ResourceVersion,
+                    _ => MetaField::Other,
+                });
+            }
+            Some(Str::MetaValue) => {
+                let id = &mut self.identity;
+                id.escaped |= self.capture_escaped;
+                match self.meta_field {
+                    Some(MetaField::Name) => id.name = text(),
+                    Some(MetaField::Namespace) => id.namespace = text().unwrap_or_default(),
+                    Some(MetaField::ResourceVersion) => id.rv = text(),
+                    _ => {}
+                }
+            }
+            Some(Str::Other) | None => {}
+        }
+        self.key_slot = false;
     }
 
     /// One byte outside a string, at `pos`.
-    fn structural(&mut self, parts: &[Bytes], pos: usize, c: u8) -> Result<(), ParseError> {
+    fn structural(&mut self, pos: usize, c: u8) -> Result<(), ParseError> {
         if c.is_ascii_whitespace() {
             return Ok(());
         }
@@ -113,48 +198,61 @@ impl JsonSplit {
             self.item_start = pos;
         }
         match c {
-            b'"' => {
-                self.in_string = true;
-                if self.depth == 1 && self.key.is_none() {
-                    self.key_start = Some(pos + 1);
-                }
-            }
+            b'"' => self.open_string(),
             b'{' | b'[' => {
-                if self.depth == 0 && c != b'{' {
-                    return Err(MALFORMED);
-                }
-                if self.depth == 0 {
-                    self.expecting_member = true;
-                } else if self.depth == 1 && c == b'[' && self.key_is(parts, b"items") {
-                    self.in_items = true;
-                    self.expecting_item = true;
+                match self.depth {
+                    0 if c != b'{' => return Err(MALFORMED),
+                    0 => self.expecting_member = true,
+                    1 if c == b'[' && self.top_key == b"items" => {
+                        self.in_items = true;
+                        self.expecting_item = true;
+                    }
+                    2 if self.in_items => self.item_key.clear(),
+                    3 if self.in_items && c == b'{' && self.item_key == b"metadata" => {
+                        self.in_meta = true;
+                        self.meta_field = None;
+                    }
+                    _ => {}
                 }
                 self.depth += 1;
+                self.key_slot = c == b'{';
             }
             b'}' | b']' => {
                 self.depth = self.depth.checked_sub(1).ok_or(MALFORMED)?;
-                if self.in_items && self.depth == 1 {
+                self.key_slot = false;
+                if self.in_meta && self.depth == 3 {
+                    self.in_meta = false;
+                } else if self.in_items && self.depth == 1 {
                     if !self.expecting_item {
-                        self.items.push((self.item_start, pos));
+                        self.end_item(pos);
                     }
                     self.in_items = false;
                     self.expecting_item = false;
                 } else if self.depth == 0 {
                     if !self.expecting_member {
-                        self.end_member(parts, pos);
+                        self.end_member(pos);
                     }
                     self.expecting_member = false;
                     self.closed = true;
                 }
             }
-            b',' if self.depth == 1 => {
-                self.end_member(parts, pos);
-                self.expecting_member = true;
+            b',' => {
+                self.key_slot = true;
+                match self.depth {
+                    1 => {
+                        self.end_member(pos);
+                        self.expecting_member = true;
+                    }
+                    2 if self.in_items => {
+                        self.end_item(pos);
+                        self.expecting_item = true;
+                    }
+                    3 if self.in_items => self.item_key.clear(),
+                    4 if self.in_meta => self.meta_field = None,
+                    _ => {}
+                }
             }
-            b',' if self.depth == 2 && self.in_items => {
-                self.items.push((self.item_start, pos));
-                self.expecting_item = true;
-            }
+            b':' => self.key_slot = false,
             _ if self.depth == 0 => return Err(MALFORMED),
             _ => {}
         }
@@ -162,37 +260,93 @@ impl JsonSplit {
     }
 
     /// One piece, starting at offset `base` of the answer.
-    fn feed(&mut self, parts: &[Bytes], part: &[u8], base: usize) -> Result<(), ParseError> {
+    fn feed(&mut self, part: &[u8], base: usize) -> Result<(), ParseError> {
         let mut i = 0;
         while i < part.len() {
-            if self.in_string {
-                if std::mem::take(&mut self.escaped) {
-                    i += 1;
-                    continue;
-                }
-                // Only a quote or a backslash matters inside a string.
-                match memchr::memchr2(b'"', b'\\', &part[i..]) {
-                    None => return Ok(()),
-                    Some(n) => {
-                        i += n;
-                        if part[i] == b'\\' {
-                            self.escaped = true;
-                        } else {
-                            self.in_string = false;
-                            if let Some(start) = self.key_start.take() {
-                                self.key = Some((start, base + i));
-                            }
+            let Some(kind) = self.string else {
+                let c = part[i];
+                if self.depth > 4 || (self.depth == 4 && !self.in_meta) {
+                    // Inside an item past what the scan reads: only strings and nesting
+                    // matter (most of the bytes; this keeps them cheap).
+                    match c {
+                        b'"' => self.string = Some(Str::Other),
+                        b'{' | b'[' => self.depth += 1,
+                        b'}' | b']' => {
+                            self.depth -= 1;
+                            self.key_slot = false;
                         }
-                        i += 1;
+                        _ => {}
                     }
+                } else {
+                    self.structural(base + i, c)?;
                 }
+                i += 1;
+                continue;
+            };
+            let keep = kind != Str::Other;
+            if std::mem::take(&mut self.escaped) {
+                if keep {
+                    self.capture.push(part[i]);
+                }
+                i += 1;
                 continue;
             }
-            self.structural(parts, base + i, part[i])?;
+            // Only a quote or a backslash matters inside a string.
+            let rest = &part[i..];
+            let Some(n) = quote_or_backslash(rest) else {
+                if keep {
+                    self.capture.extend_from_slice(rest);
+                }
+                return Ok(());
+            };
+            if keep {
+                self.capture.extend_from_slice(&rest[..n]);
+            }
+            i += n;
+            if part[i] == b'\\' {
+                self.escaped = true;
+                self.capture_escaped = true;
+                if keep {
+                    self.capture.push(b'\\');
+                }
+            } else {
+                self.close_string();
+            }
             i += 1;
         }
         Ok(())
     }
+}
+
+/// Where the next `"` or `\` is. Most strings in an object are short keys and values:
+/// eight bytes at a time (a word compare) finds their end sooner than a vector search is
+/// set up; long strings go to memchr.
+fn quote_or_backslash(s: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    const QUOTES: u64 = ONES * b'"' as u64;
+    const BACKSLASHES: u64 = ONES * b'\\' as u64;
+    // A byte of `w` is zero where the two words agree; the lowest flagged byte is exact.
+    let zero_byte = |w: u64| w.wrapping_sub(ONES) & !w & HIGH;
+    let mut i = 0;
+    while let Some(chunk) = s.get(i..i + 8).filter(|_| i < 64) {
+        let w = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+        let hits = zero_byte(w ^ QUOTES) | zero_byte(w ^ BACKSLASHES);
+        if hits != 0 {
+            return Some(i + (hits.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    memchr::memchr2(b'"', b'\\', &s[i..]).map(|n| n + i)
+}
+
+/// One item of a JSON list: its bytes and, when the scan could read them plainly, the
+/// metadata name, namespace and resourceVersion.
+#[derive(Debug)]
+pub struct ScannedItem {
+    pub raw: Bytes,
+    /// (namespace, name, resourceVersion).
+    pub identity: Option<(String, String, String)>,
 }
 
 /// A JSON list's items and head, from the pieces it arrived in.
@@ -200,10 +354,10 @@ pub fn json_list(parts: &[Bytes]) -> Result<ScannedList, ParseError> {
     let mut split = JsonSplit::default();
     let mut base = 0;
     for part in parts {
-        split.feed(parts, part, base)?;
+        split.feed(part, base)?;
         base += part.len();
     }
-    if !split.closed || split.in_string {
+    if !split.closed || split.string.is_some() {
         return Err(MALFORMED);
     }
     // The head is the list without its items: small, parsed the ordinary way.
@@ -223,8 +377,19 @@ pub fn json_list(parts: &[Bytes]) -> Result<ScannedList, ParseError> {
         continue_token: head.metadata.continue_token,
         items: split
             .items
-            .iter()
-            .map(|(s, e)| range(parts, *s, *e))
+            .into_iter()
+            .map(|(s, e, id)| ScannedItem {
+                raw: range(parts, s, e),
+                identity: match id {
+                    ScannedIdentity {
+                        name: Some(name),
+                        namespace,
+                        rv: Some(rv),
+                        escaped: false,
+                    } => Some((namespace, name, rv)),
+                    _ => None,
+                },
+            })
             .collect(),
     })
 }
@@ -335,7 +500,10 @@ pub fn protobuf_list(parts: &[Bytes]) -> Result<ScannedList, ParseError> {
                             out.rv = kproto::text(&meta, 2);
                             out.continue_token = kproto::text(&meta, 3);
                         }
-                        2 => out.items.push(bytes),
+                        2 => out.items.push(ScannedItem {
+                            raw: bytes,
+                            identity: None,
+                        }),
                         _ => {}
                     }
                 }
@@ -374,14 +542,58 @@ mod tests {
         let items: Vec<serde_json::Value> = whole
             .items
             .iter()
-            .map(|i| serde_json::from_slice(i).unwrap())
+            .map(|i| serde_json::from_slice(&i.raw).unwrap())
             .collect();
         assert_eq!(items[0]["metadata"]["annotations"]["x"], "]},\"[{");
         assert_eq!(items[1]["spec"]["l"][2]["k"], "v");
+        let raws = |l: &ScannedList| l.items.iter().map(|i| i.raw.clone()).collect::<Vec<_>>();
+        let ids = |l: &ScannedList| {
+            l.items
+                .iter()
+                .map(|i| i.identity.clone())
+                .collect::<Vec<_>>()
+        };
         for size in 1..list.len() {
             let cut = json_list(&pieces(list, size)).unwrap();
-            assert_eq!(cut.items, whole.items, "pieces of {size}");
+            assert_eq!(raws(&cut), raws(&whole), "pieces of {size}");
+            assert_eq!(ids(&cut), ids(&whole), "pieces of {size}");
             assert_eq!(cut.rv, "42");
+        }
+    }
+
+    #[test]
+    fn quotes_and_backslashes_are_found_wherever_they_are() {
+        for len in 0..100 {
+            for at in 0..len {
+                for c in [b'"', b'\\'] {
+                    let mut s = vec![b'a'; len];
+                    s[at] = c;
+                    if at + 1 < len {
+                        s[at + 1] = b'"';
+                    }
+                    assert_eq!(quote_or_backslash(&s), Some(at), "{len} {at}");
+                }
+            }
+            assert_eq!(quote_or_backslash(&vec![0xffu8; len]), None);
+        }
+    }
+
+    #[test]
+    fn json_items_are_named_by_the_scan_as_a_full_parse_names_them() {
+        let list = br#"{"kind":"PodList","items":[
+            {"kind":"Pod","metadata":{"labels":{"name":"x","resourceVersion":"1"},"name":"a","namespace":"d","resourceVersion":"5"},"spec":{"name":"s","metadata":{"name":"t"}}},
+            {"spec":{"x":1},"metadata":{"resourceVersion":"6","name":"b"}},
+            {"metadata":{"name":"c\u002d1","resourceVersion":"7"}},
+            {"metadata":{"namespace":"d","resourceVersion":"8"}},
+            {"status":{"metadata":{"name":"e","resourceVersion":"9"}}}],"metadata":{"resourceVersion":"10"}}"#;
+        let id = |ns: &str, name: &str, rv: &str| {
+            Some((ns.to_string(), name.to_string(), rv.to_string()))
+        };
+        let expected = [id("d", "a", "5"), id("", "b", "6"), None, None, None];
+        for size in [1, 2, 7, list.len()] {
+            let l = json_list(&pieces(list, size)).unwrap();
+            let ids: Vec<_> = l.items.iter().map(|i| i.identity.clone()).collect();
+            assert_eq!(ids, expected, "pieces of {size}");
         }
     }
 
@@ -444,7 +656,8 @@ mod tests {
             let l = protobuf_list(&pieces(&body, size)).unwrap();
             assert_eq!((l.kind.as_str(), l.api_version.as_str()), ("PodList", "v1"));
             assert_eq!((l.rv.as_str(), l.continue_token.as_str()), ("99", "next"));
-            assert_eq!(l.items, items, "pieces of {size}");
+            let raws: Vec<Bytes> = l.items.iter().map(|i| i.raw.clone()).collect();
+            assert_eq!(raws, items, "pieces of {size}");
         }
         assert!(protobuf_list(&pieces(&body[..body.len() - 3], 7)).is_err());
         assert!(protobuf_list(&pieces(&body[4..], 7)).is_err());

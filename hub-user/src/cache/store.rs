@@ -456,6 +456,15 @@ pub struct Applied {
     /// Older than what the store holds (or equal): left alone.
     pub stale: u64,
     pub deleted: u64,
+    /// Tombstones past their time removed.
+    pub purged: u64,
+}
+
+impl Applied {
+    /// Objects changed on disk (not list records).
+    fn objects_changed(&self) -> u64 {
+        self.written + self.deleted + self.purged
+    }
 }
 
 enum Db {
@@ -691,7 +700,10 @@ impl Store {
         let Some(Db::ReadWrite(db)) = guard.as_ref() else {
             return Err(StoreError::Db("store closed or opened read-only".into()));
         };
-        let txn = db.begin_write().map_err(db_err)?;
+        let mut txn = db.begin_write().map_err(db_err)?;
+        let changed_before = applied.objects_changed();
+        // A selector's first list record is kept durably, like the objects.
+        let mut new_lists = false;
         {
             let mut objects = txn.open_table(OBJECTS).map_err(db_err)?;
             let mut lists = txn.open_table(LISTS).map_err(db_err)?;
@@ -790,7 +802,7 @@ impl Store {
                             kind: list_kind.clone(),
                             stored_at: now,
                         };
-                        remember_list(&mut lists, credential, gvr, namespace, &meta)?;
+                        new_lists |= remember_list(&mut lists, credential, gvr, namespace, &meta)?;
                     }
                     Write::Raw {
                         path,
@@ -806,6 +818,12 @@ impl Store {
                     }
                 }
             }
+        }
+        if applied.objects_changed() == changed_before && !new_lists {
+            // Only list records changed (a relist of held objects moves its list's
+            // resourceVersion): no fsync. Lost in a crash, the previous record of the same
+            // objects stands, and the next durable commit persists it.
+            txn.set_durability(redb::Durability::None).map_err(db_err)?;
         }
         txn.commit().map_err(db_err)?;
         Ok(applied)
@@ -1039,14 +1057,14 @@ fn stored_version(
 }
 
 /// Records a complete list under its selector; the scope's oldest record goes when the
-/// scope already holds [`MAX_LISTS_PER_SCOPE`].
+/// scope already holds [`MAX_LISTS_PER_SCOPE`]. True if the selector had no record.
 fn remember_list(
     lists: &mut redb::Table<&[u8], &[u8]>,
     credential: &str,
     gvr: &str,
     namespace: &str,
     meta: &ListMeta,
-) -> Result<(), StoreError> {
+) -> Result<bool, StoreError> {
     let key = list_key(
         credential,
         gvr,
@@ -1084,7 +1102,7 @@ fn remember_list(
     lists
         .insert(key.as_slice(), meta.encode().as_slice())
         .map_err(db_err)?;
-    Ok(())
+    Ok(new)
 }
 
 fn stored(objects: &redb::Table<&[u8], &[u8]>, key: &[u8]) -> Result<Option<Record>, StoreError> {
@@ -1132,30 +1150,31 @@ fn replace_list(
     let ns = (!scope.namespace.is_empty()).then_some(scope.namespace);
     let start = prefix(scope.credential, scope.gvr, ns, None);
     let end = prefix_end(&start);
-    // This component's records in the list's scope: (namespace, name) -> (version, when
-    // stored).
-    let mut existing: HashMap<(String, String), (Version, u64)> = HashMap::new();
+    // This component's records in the list's scope, by key: (version, when stored). Read
+    // from the keys' last part and the records' headers, nothing decoded.
+    let mut own_suffix = vec![0u8];
+    own_suffix.extend_from_slice(scope.component.as_bytes());
+    let mut existing: HashMap<Vec<u8>, (Version, u64)> = HashMap::new();
     for entry in objects
         .range(start.as_slice()..end.as_slice())
         .map_err(db_err)?
     {
         let (k, v) = entry.map_err(db_err)?;
-        let (Some(key), Some(header)) = (ObjectKey::decode(k.value()), Version::stored(v.value()))
-        else {
+        if !k.value().ends_with(&own_suffix) {
             continue;
-        };
-        if key.component == scope.component {
-            existing.insert((key.namespace, key.name), header);
+        }
+        if let Some(header) = Version::stored(v.value()) {
+            existing.insert(k.value().to_vec(), header);
         }
     }
     let mut complete = true;
-    for id in held {
-        complete &= existing.remove(id).is_some();
+    for (ns, name) in held {
+        complete &= existing.remove(&scope.key(ns, name)).is_some();
         applied.stale += 1;
     }
     for item in items {
-        let id = (item.namespace.clone(), item.name.clone());
-        let old = existing.remove(&id);
+        let key = scope.key(&item.namespace, &item.name);
+        let old = existing.remove(&key);
         // A watch event newer than this list may already be stored: keep it.
         if old.is_some_and(|(o, _)| supersedes(o, item.rv, item.encoding)) {
             applied.stale += 1;
@@ -1168,18 +1187,18 @@ fn replace_list(
         };
         objects
             .insert(
-                scope.key(&id.0, &id.1).as_slice(),
+                key.as_slice(),
                 encode_record(flags, now, item, &item.body).as_slice(),
             )
             .map_err(db_err)?;
         applied.written += 1;
     }
     // What the list did not return, and the selector covers, is gone as of `rv`.
-    for ((ns, name), (version, stored_at)) in existing {
-        let k = scope.key(&ns, &name);
+    for (k, (version, stored_at)) in existing {
         if version.deleted {
             if now.saturating_sub(stored_at) > TOMBSTONE_TTL_SECS && version.rv <= rv {
                 objects.remove(k.as_slice()).map_err(db_err)?;
+                applied.purged += 1;
             }
             continue;
         }

@@ -634,3 +634,134 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
+
+#[cfg(test)]
+mod cost {
+    //! `HUB_LIST=path cargo test --release -p hub-user --lib relist_cost -- --ignored
+    //! --nocapture`: where an unchanged relist's time goes, step by step.
+    use std::time::Instant;
+
+    use super::*;
+    use crate::cache::{objects, scan};
+
+    fn cpu() -> Duration {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+
+    fn timed<T>(what: &str, n: u32, mut f: impl FnMut() -> T) -> T {
+        let (t, c) = (Instant::now(), cpu());
+        let mut out = f();
+        for _ in 1..n {
+            out = f();
+        }
+        eprintln!(
+            "{what:<40} {:>8.0} µs wall {:>8.0} µs cpu",
+            t.elapsed().as_secs_f64() * 1e6 / n as f64,
+            (cpu() - c).as_secs_f64() * 1e6 / n as f64
+        );
+        out
+    }
+
+    #[test]
+    #[ignore]
+    fn relist_cost() {
+        let Some(path) = std::env::var_os("HUB_LIST") else {
+            return;
+        };
+        let body = Bytes::from(std::fs::read(&path).unwrap());
+        let enc = if body.starts_with(b"k8s\0") {
+            Encoding::Protobuf
+        } else {
+            Encoding::Json
+        };
+        let parts: Vec<Bytes> = (0..body.len())
+            .step_by(16 * 1024)
+            .map(|i| body.slice(i..(i + 16 * 1024).min(body.len())))
+            .collect();
+        let dir = std::env::temp_dir().join(format!("hub-cost-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Arc::new(Store::open(&dir).unwrap());
+        let stats = Arc::new(Stats::default());
+        let writer = start(store.clone(), stats.clone());
+        let op = || Op::Whole {
+            target: Target {
+                credential: "node".into(),
+                component: "kubelet".into(),
+                gvr: "/v1/pods".into(),
+                resource: "pods".into(),
+                encoding: enc,
+                kind: TargetKind::List {
+                    namespace: "default".into(),
+                    label_selector: String::new(),
+                    field_selector: String::new(),
+                    continue_from: None,
+                },
+            },
+            body: parts.clone(),
+            gzip: false,
+        };
+        timed("first list (all written)", 1, || {
+            writer.send(op());
+            writer.flush_within(Duration::from_secs(60));
+        });
+        timed("relist through the writer", 20, || {
+            writer.send(op());
+            writer.flush_within(Duration::from_secs(60));
+        });
+        let list = timed("scan into items", 20, || match enc {
+            Encoding::Json => scan::json_list(&parts).unwrap(),
+            Encoding::Protobuf => scan::protobuf_list(&parts).unwrap(),
+        });
+        let named = timed("name every item the scan did not", 20, || {
+            list.items
+                .iter()
+                .filter(|i| i.identity.is_none())
+                .filter_map(|i| match enc {
+                    Encoding::Json => objects::identify_json(&i.raw),
+                    Encoding::Protobuf => objects::identify_protobuf(&i.raw),
+                })
+                .count()
+        });
+        eprintln!("{} items, {named} named after the scan", list.items.len());
+        let mut snapshot = None;
+        let target = match op() {
+            Op::Whole { target, .. } => target,
+            _ => unreachable!(),
+        };
+        let page = timed("scan, name and ask the store", 20, || {
+            let mut held = Held::new(&store, &mut snapshot);
+            objects::parse_list_pieces("pods", enc, &parts, |id| held.holds(&target, id)).unwrap()
+        });
+        assert_eq!(page.items.len(), 0);
+        let write = || Write::ReplaceList {
+            credential: "node".into(),
+            component: "kubelet".into(),
+            gvr: "/v1/pods".into(),
+            namespace: "default".into(),
+            selector: Selector::parse("", "").unwrap(),
+            prune: true,
+            rv: page.rv,
+            items: vec![],
+            held: page.held.clone(),
+            list_kind: page.kind.clone(),
+        };
+        timed("store: replace with every item held", 20, || {
+            store.apply(&[write()]).unwrap()
+        });
+        timed("parse every item (a changed list)", 5, || {
+            objects::parse_list_pieces("pods", enc, &parts, |_| false)
+                .unwrap()
+                .items
+                .len()
+        });
+        drop(writer);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -143,7 +143,18 @@ pub async fn forward_parts(
     if let Some(h) = out.headers_mut() {
         copy_headers(&rparts.headers, h, false, false);
     }
-    let body = super::coalesce::Coalesce::new(rbody.boxed()).boxed();
+    // A watch's (or a followed log's) small pieces are merged into fewer TLS records; a
+    // whole answer already comes in full frames, and merging them would only copy it once
+    // more.
+    let streaming = parts
+        .uri
+        .query()
+        .is_some_and(|q| super::request::flag(q, "watch") || super::request::flag(q, "follow"));
+    let body = if streaming {
+        super::coalesce::Coalesce::new(rbody.boxed()).boxed()
+    } else {
+        rbody.boxed()
+    };
     Ok(Forwarded {
         response: out
             .body(body)

@@ -16,7 +16,7 @@ pub struct RequestInfo {
     pub verb: &'static str,
 }
 
-fn flag(query: &str, name: &str) -> bool {
+pub(super) fn flag(query: &str, name: &str) -> bool {
     query.split('&').any(|kv| {
         kv.split_once('=').is_some_and(|(k, v)| {
             k == name && matches!(v, "1" | "t" | "T" | "true" | "TRUE" | "True")
