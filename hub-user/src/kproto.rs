@@ -104,6 +104,73 @@ pub struct Meta {
     pub labels: Vec<(String, String)>,
 }
 
+/// Walks one message's fields in wire order without collecting them; stops (returning
+/// false) at bytes that are not a valid message.
+fn each_field<'a>(mut buf: &'a [u8], mut f: impl FnMut(u64, Value<'a>)) -> bool {
+    while !buf.is_empty() {
+        let Some(key) = varint(&mut buf) else {
+            return false;
+        };
+        let value = match key & 7 {
+            0 => match varint(&mut buf) {
+                Some(v) => Value::Varint(v),
+                None => return false,
+            },
+            2 => {
+                let Some(len) = varint(&mut buf).and_then(|l| usize::try_from(l).ok()) else {
+                    return false;
+                };
+                let (Some(v), Some(rest)) = (buf.get(..len), buf.get(len..)) else {
+                    return false;
+                };
+                buf = rest;
+                Value::Bytes(v)
+            }
+            1 | 5 => {
+                let n = if key & 7 == 1 { 8 } else { 4 };
+                let Some(rest) = buf.get(n..) else {
+                    return false;
+                };
+                buf = rest;
+                Value::Fixed64(0)
+            }
+            _ => return false,
+        };
+        f(key >> 3, value);
+    }
+    true
+}
+
+/// An object's name, namespace and resourceVersion from its raw bytes, read without
+/// collecting its fields or labels (the cheap question: is this object already held?).
+pub fn object_identity(raw: &[u8]) -> Option<(&str, &str, &str)> {
+    let mut meta = None;
+    if !each_field(raw, |n, v| {
+        if let (1, Value::Bytes(b)) = (n, v) {
+            meta = Some(b);
+        }
+    }) {
+        return None;
+    }
+    let (mut name, mut namespace, mut rv) = ("", "", "");
+    let mut valid = true;
+    let walked = each_field(meta.unwrap_or_default(), |n, v| {
+        if let Value::Bytes(b) = v {
+            let slot = match n {
+                1 => &mut name,
+                3 => &mut namespace,
+                6 => &mut rv,
+                _ => return,
+            };
+            match std::str::from_utf8(b) {
+                Ok(t) => *slot = t,
+                Err(_) => valid = false,
+            }
+        }
+    });
+    (walked && valid).then_some((name, namespace, rv))
+}
+
 /// Reads ObjectMeta from an object's raw bytes (the Unknown's `raw`, or a list item).
 pub fn object_meta(raw: &[u8]) -> Option<Meta> {
     let object = fields(raw)?;
@@ -445,6 +512,13 @@ mod tests {
         );
         // The item bytes decode back into the very same Pod.
         assert_eq!(Pod::decode(u.raw).unwrap(), pod("p1", "42"));
+        assert_eq!(object_identity(u.raw), Some(("p1", "default", "42")));
+        assert_eq!(
+            object_identity(&u.raw[..u.raw.len() - 1]),
+            None,
+            "cut short"
+        );
+        assert_eq!(object_identity(&[0xff]), None);
     }
 
     #[test]

@@ -398,11 +398,11 @@ fn identity_of(m: PeekMeta) -> Option<Identity> {
 /// The identity of a protobuf object (its message bytes, no envelope) from its
 /// ObjectMeta alone.
 pub fn identify_protobuf(raw: &[u8]) -> Option<Identity> {
-    let meta = kproto::object_meta(raw)?;
+    let (name, namespace, rv) = kproto::object_identity(raw)?;
     Some(Identity {
-        rv: parse_rv(&meta.resource_version).ok().filter(|rv| *rv > 0)?,
-        namespace: meta.namespace,
-        name: Some(meta.name).filter(|n| !n.is_empty())?,
+        rv: parse_rv(rv).ok().filter(|rv| *rv > 0)?,
+        namespace: namespace.to_string(),
+        name: Some(name).filter(|n| !n.is_empty())?.to_string(),
     })
 }
 
