@@ -343,6 +343,7 @@ impl Report {
                     "kernel": crate::shell("uname -r"),
                 },
                 "command": format!("cargo xtask bench {}", std::env::args().skip(2).collect::<Vec<_>>().join(" ")),
+                "commit": crate::shell("git rev-parse --short HEAD"),
                 "rows": self.rows,
             });
             println!("{}", serde_json::to_string_pretty(&doc)?);

@@ -2,6 +2,7 @@
 mod bench;
 mod bench_cache;
 mod bench_coordinator;
+mod bench_doc;
 mod bench_pool;
 mod bench_proxy;
 mod demo;
@@ -27,6 +28,8 @@ commands:
   bench WHAT   release-build benchmarks as ratios against direct, same run
                (WHAT: intercept, proxy, cache, coordinator, pool, pool-scale); --rounds N;
                --output json (proxy): the figures as one JSON document on stdout
+  bench-doc    rebuild the tables of docs/benchmarks.md from the runs kept in docs/bench/
+               (JSON from bench --output json); --check fails if the document differs
   soak         two hubs of one pool under node traffic while the cloud, etcd members, the
                whole coordinator, a hub and a cache disk fail on a schedule; invariants are
                hard failures; --minutes N (default 3), --report PATH (default
@@ -41,6 +44,7 @@ fn main() {
         Some("test") => test(args.iter().any(|a| a == "--no-lint")),
         Some("lint") => lint(),
         Some("bench") => bench_cmd(&args[1..]),
+        Some("bench-doc") => bench_doc::bench_doc(&root(), args.iter().any(|a| a == "--check")),
         Some("soak") => build_bins().and_then(|()| soak::run(&args[1..])),
         Some("fuzz") => build_bins().and_then(|()| fuzz(&args[1..])),
         Some("demo") => build_bins().and_then(|()| demo::run(args.iter().any(|a| a == "--step"))),
@@ -177,7 +181,8 @@ fn lint() -> Result<()> {
         "-D",
         "warnings",
     ]);
-    run(clippy, "cargo clippy -D warnings")
+    run(clippy, "cargo clippy -D warnings")?;
+    bench_doc::bench_doc(&root(), true)
 }
 
 fn test(no_lint: bool) -> Result<()> {
