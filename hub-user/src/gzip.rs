@@ -17,7 +17,7 @@ use hyper::{
     header::{self, HeaderValue},
 };
 
-use crate::upstream::cloud::{BodyError, ProxyBody};
+use crate::body::{BodyError, ProxyBody};
 
 /// kube-apiserver's `defaultGzipThresholdBytes`: smaller answers go uncompressed.
 pub const THRESHOLD: usize = 128 * 1024;
@@ -246,6 +246,12 @@ impl Body for Decoded {
                 }
             }
         }
+    }
+}
+
+impl From<GzipError> for BodyError {
+    fn from(e: crate::gzip::GzipError) -> Self {
+        BodyError::new(e.to_string())
     }
 }
 

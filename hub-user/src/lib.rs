@@ -2,6 +2,7 @@
 //! One module per concern; `main.rs` only parses the command line.
 pub mod admin;
 pub mod approver;
+pub mod body;
 pub mod cache;
 pub mod certs;
 pub mod cli;

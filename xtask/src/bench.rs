@@ -90,7 +90,7 @@ const BENCH_NODE: &str = "bench-node";
 
 pub type Http = hyper_util::client::legacy::Client<
     hub::upstream::connect::MarkedConnector,
-    hub::upstream::cloud::ProxyBody,
+    hub::body::ProxyBody,
 >;
 
 /// A release stand-in process and a release hub in front of it (TLS listener, caching the

@@ -33,7 +33,7 @@ use self::{
     store::{Store, StoreError},
     writer::{Stats, Target, TargetKind, Writer},
 };
-use crate::{gzip::ContentEncoding, proxy::request::RequestInfo, upstream::cloud::ProxyBody};
+use crate::{body::ProxyBody, gzip::ContentEncoding, proxy::request::RequestInfo};
 
 /// The components whose answers are cached unless cache.components says otherwise
 /// (YurtHub's defaults, plus the hub itself).

@@ -537,8 +537,10 @@ pub fn parse_list_pieces(
     mut held: impl FnMut(&Identity) -> bool,
 ) -> Result<ParsedList, ParseError> {
     let list = match enc {
-        Encoding::Json => scan::json_list(parts)?,
-        Encoding::Protobuf => scan::protobuf_list(parts)?,
+        Encoding::Json => scan::json_list(parts).map_err(|_| ParseError::Malformed("JSON list"))?,
+        Encoding::Protobuf => {
+            scan::protobuf_list(parts).map_err(|_| ParseError::Malformed("protobuf list"))?
+        }
     };
     if list.kind == "Table" || !list.kind.ends_with("List") {
         return Err(ParseError::NotAnObject);

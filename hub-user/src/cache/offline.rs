@@ -23,15 +23,13 @@ use super::{
     store::{self, ObjectKey, StoreError},
 };
 use crate::{
+    body::ProxyBody,
     kproto::{self, StatusDetails},
     proxy::{
         forward::{full, status, status_about},
         request::RequestInfo,
     },
-    upstream::{
-        Cloud,
-        cloud::{AsWho, ProxyBody},
-    },
+    upstream::{Cloud, cloud::AsWho},
 };
 
 /// Writes kept at most while offline; more are refused with a 503.

@@ -7,7 +7,6 @@
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 
-use super::objects::ParseError;
 use crate::kproto;
 
 /// A list's items, each still in its encoding (a JSON object without apiVersion/kind as
@@ -123,7 +122,11 @@ struct JsonSplit {
     items: Vec<(usize, usize, ScannedIdentity)>,
 }
 
-const MALFORMED: ParseError = ParseError::Malformed("JSON list");
+/// Bytes that are not a list of the encoding the scan reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Malformed;
+
+const MALFORMED: Malformed = Malformed;
 
 impl JsonSplit {
     fn end_member(&mut self, end: usize) {
@@ -182,7 +185,7 @@ impl JsonSplit {
     }
 
     /// One byte outside a string, at `pos`.
-    fn structural(&mut self, pos: usize, c: u8) -> Result<(), ParseError> {
+    fn structural(&mut self, pos: usize, c: u8) -> Result<(), Malformed> {
         if c.is_ascii_whitespace() {
             return Ok(());
         }
@@ -260,7 +263,7 @@ impl JsonSplit {
     }
 
     /// One piece, starting at offset `base` of the answer.
-    fn feed(&mut self, part: &[u8], base: usize) -> Result<(), ParseError> {
+    fn feed(&mut self, part: &[u8], base: usize) -> Result<(), Malformed> {
         let mut i = 0;
         while i < part.len() {
             let Some(kind) = self.string else {
@@ -350,7 +353,7 @@ pub struct ScannedItem {
 }
 
 /// A JSON list's items and head, from the pieces it arrived in.
-pub fn json_list(parts: &[Bytes]) -> Result<ScannedList, ParseError> {
+pub fn json_list(parts: &[Bytes]) -> Result<ScannedList, Malformed> {
     let mut split = JsonSplit::default();
     let mut base = 0;
     for part in parts {
@@ -463,8 +466,7 @@ impl Cursor<'_> {
 }
 
 /// A protobuf list (`k8s\0` + Unknown whose raw is the List) sliced into its items.
-pub fn protobuf_list(parts: &[Bytes]) -> Result<ScannedList, ParseError> {
-    const MALFORMED: ParseError = ParseError::Malformed("protobuf list");
+pub fn protobuf_list(parts: &[Bytes]) -> Result<ScannedList, Malformed> {
     let len = parts.iter().map(Bytes::len).sum();
     let mut c = Cursor { parts, pos: 0, len };
     if c.take(kproto::MAGIC.len()).as_deref() != Some(kproto::MAGIC) {

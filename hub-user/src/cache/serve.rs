@@ -26,13 +26,13 @@ use super::{
     store::{self, ObjectKey, Record, Store},
 };
 use crate::{
+    body::{BodyError, ProxyBody},
     kproto,
     kproto::StatusDetails,
     proxy::{
         forward::{status, status_about},
         request::RequestInfo,
     },
-    upstream::cloud::{BodyError, ProxyBody},
 };
 
 /// What an offline answer says about itself (kubectl prints Warning headers).

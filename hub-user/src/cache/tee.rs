@@ -17,8 +17,8 @@ use super::{
     writer::{Op, Target, Writer},
 };
 use crate::{
+    body::{BodyError, ProxyBody},
     gzip,
-    upstream::cloud::{BodyError, ProxyBody},
 };
 
 /// Answers larger than this are passed on but not cached.

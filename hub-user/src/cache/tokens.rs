@@ -12,12 +12,12 @@ use serde_json::Value;
 
 use super::{Cache, objects::Encoding, store::Write};
 use crate::{
+    body::ProxyBody,
     kproto,
     proxy::{
         forward::{full, status},
         request::RequestInfo,
     },
-    upstream::cloud::ProxyBody,
 };
 
 /// A token closer than this to its expiry is not handed out.

@@ -23,8 +23,7 @@ use tokio::sync::watch;
 
 use super::{
     keys,
-    pool::{Pool, resource_of},
-    storage::{META_PREFIX, Storage, StorageError, deleted_at, rv_key},
+    storage::{META_PREFIX, Storage, StorageError, deleted_at, resource_of, rv_key},
 };
 
 pub const MEMBERS_PREFIX: &str = "/hub/members/";
@@ -72,8 +71,18 @@ pub struct Schedule {
     pub tombstone_ttl: Duration,
 }
 
+/// What the sweep needs of the pool it runs in.
+pub trait Sweeps: Send + Sync {
+    fn storage(&self) -> Option<Arc<Storage>>;
+    fn is_leader(&self) -> bool;
+    fn pool_name(&self) -> String;
+    fn pool_scope(&self) -> Vec<String>;
+    fn count_gc(&self, count: &mut dyn FnMut(&mut GcStatus));
+    fn note_leader_error(&self, e: String);
+}
+
 /// Sweeps every `interval` while this hub leads the pool, until `stop`.
-pub async fn run(pool: Arc<Pool>, schedule: Schedule, mut stop: watch::Receiver<bool>) {
+pub async fn run(pool: Arc<dyn Sweeps>, schedule: Schedule, mut stop: watch::Receiver<bool>) {
     let Schedule {
         interval,
         grace,
@@ -102,7 +111,7 @@ pub async fn run(pool: Arc<Pool>, schedule: Schedule, mut stop: watch::Receiver<
         )
         .await
         {
-            Ok(s) => pool.count_gc(|g| {
+            Ok(s) => pool.count_gc(&mut |g| {
                 g.sweeps += 1;
                 g.removed += s.removed;
                 g.nodes_removed += s.nodes_removed;
@@ -114,7 +123,7 @@ pub async fn run(pool: Arc<Pool>, schedule: Schedule, mut stop: watch::Receiver<
         if tombstones_at.is_none_or(|t| t.elapsed() >= tombstones_every) {
             tombstones_at = Some(Instant::now());
             match drop_old_tombstones(&storage, tombstone_ttl).await {
-                Ok(n) => pool.count_gc(|g| g.tombstones_removed += n),
+                Ok(n) => pool.count_gc(&mut |g| g.tombstones_removed += n),
                 Err(e) => pool.note_leader_error(format!("sweeping tombstones: {e}")),
             }
         }

@@ -17,11 +17,12 @@ use http_body_util::BodyExt;
 use hyper::{Request, StatusCode, header};
 use tokio::task::JoinSet;
 
-use super::pool::split_gvr;
+use super::storage::split_gvr;
 use crate::{
+    body::ProxyBody,
     cache::objects::{self, Encoding, Item},
     gzip::{self, ContentEncoding},
-    upstream::cloud::{AsWho, Cloud, ProxyBody},
+    upstream::cloud::{AsWho, Cloud},
 };
 
 /// GETs in flight at once for one push.

@@ -19,12 +19,12 @@ use tokio::sync::watch;
 
 use super::{
     json_copies::get_as_node,
-    pool::{Pool, resource_of, split_gvr},
-    storage::{Object, Resource, Storage, StorageError},
+    storage::{Object, Resource, Storage, StorageError, resource_of, split_gvr},
 };
 use crate::{
+    body::ProxyBody,
     cache::objects::{self, Encoding, EventType, Item},
-    upstream::cloud::{Cloud, ProxyBody},
+    upstream::cloud::Cloud,
 };
 
 pub const SYNCED_PREFIX: &str = "/hub/synced/";
@@ -66,9 +66,28 @@ fn object(i: &Item) -> Object {
     }
 }
 
+/// What the leader's sync needs of the pool it runs for.
+pub trait Leads: Send + Sync {
+    fn storage(&self) -> Option<Arc<Storage>>;
+    fn is_leader(&self) -> bool;
+    /// Which life of the coordinator this is (a rebuilt one is a new life).
+    fn life(&self) -> u64;
+    fn note_leader_error(&self, e: String);
+    fn count(&self, what: Counted);
+}
+
+/// What the leader's sync counts.
+#[derive(Debug, Clone, Copy)]
+pub enum Counted {
+    List,
+    Event,
+    /// An event older than what the coordinator holds.
+    Stale,
+}
+
 /// Runs the leader's duty for every pool-scope resource while this hub leads, until `stop`.
 pub async fn run(
-    pool: Arc<Pool>,
+    pool: Arc<dyn Leads>,
     cloud: Arc<Cloud>,
     resources: Vec<String>,
     stop: watch::Receiver<bool>,
@@ -90,7 +109,7 @@ pub async fn run(
 }
 
 struct Syncer {
-    pool: Arc<Pool>,
+    pool: Arc<dyn Leads>,
     cloud: Arc<Cloud>,
     storage: Arc<Storage>,
     gvr: String,
@@ -101,7 +120,7 @@ struct Syncer {
 }
 
 async fn sync_resource(
-    pool: Arc<Pool>,
+    pool: Arc<dyn Leads>,
     cloud: Arc<Cloud>,
     gvr: String,
     mut stop: watch::Receiver<bool>,
@@ -205,7 +224,7 @@ impl Syncer {
             ms = started.elapsed().as_millis() as u64,
             "pool leader: listed from the cloud into the coordinator"
         );
-        self.pool.count_leader(|s| s.leader_lists += 1);
+        self.pool.count(Counted::List);
         Ok(rv)
     }
 
@@ -277,12 +296,10 @@ impl Syncer {
                     .await
                 {
                     Ok(_) => {}
-                    Err(StorageError::Conflict { .. }) => {
-                        self.pool.count_leader(|s| s.leader_stale += 1)
-                    }
+                    Err(StorageError::Conflict { .. }) => self.pool.count(Counted::Stale),
                     Err(e) => return Err(storage_err(e)),
                 }
-                self.pool.count_leader(|s| s.leader_events += 1);
+                self.pool.count(Counted::Event);
                 Ok(Applied::At(i.rv))
             }
             (EventType::Deleted, Some(i)) => {
@@ -291,7 +308,7 @@ impl Syncer {
                     .delete(COMPONENT, &self.resource, ns, &i.name, i.rv)
                     .await
                     .map_err(storage_err)?;
-                self.pool.count_leader(|s| s.leader_events += 1);
+                self.pool.count(Counted::Event);
                 Ok(Applied::At(i.rv))
             }
             (EventType::Bookmark, _) => Ok(Applied::At(bookmark_rv(line))),

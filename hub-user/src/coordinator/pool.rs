@@ -32,10 +32,11 @@ use super::{
     json_copies::{self, ForPush, JsonCopies},
     leader,
     owned::Owned,
-    storage::{self, Limits, Object, Resource, Storage},
+    storage::{self, Limits, Object, Resource, Storage, resource_of},
     watch as coordinator_watch,
 };
 use crate::{
+    body::ProxyBody,
     cache::{
         Cache,
         objects::Item,
@@ -44,7 +45,7 @@ use crate::{
     },
     config::Config,
     proxy::request::RequestInfo,
-    upstream::{Cloud, cloud::ProxyBody},
+    upstream::Cloud,
 };
 
 /// The key whose value identifies one life of the coordinator: created by the first hub
@@ -182,20 +183,6 @@ fn sets_of(records: Vec<(ObjectKey, Record)>, aged_before: u64) -> HashMap<(Stri
     sets
 }
 
-/// (group, version, resource) of a `group/version/resource` name (`/v1/pods` for core).
-pub(super) fn split_gvr(gvr: &str) -> Option<(&str, &str, &str)> {
-    let mut p = gvr.splitn(3, '/');
-    Some((p.next()?, p.next()?, p.next()?))
-}
-
-pub(super) fn resource_of(gvr: &str) -> Option<Resource> {
-    let (group, _version, resource) = split_gvr(gvr)?;
-    Some(Resource {
-        group: group.into(),
-        resource: resource.into(),
-    })
-}
-
 /// Up to this long, spread by node name, before a hub re-pushes into a rebuilt coordinator.
 const REPUSH_SPREAD: Duration = Duration::from_millis(1000);
 
@@ -271,12 +258,8 @@ impl Pool {
             .last_error = Some(e);
     }
 
-    pub fn count_leader(&self, f: impl FnOnce(&mut PoolStatus)) {
+    fn count_status(&self, f: impl FnOnce(&mut PoolStatus)) {
         f(&mut self.status.lock().unwrap_or_else(|p| p.into_inner()));
-    }
-
-    pub fn count_gc(&self, f: impl FnOnce(&mut GcStatus)) {
-        f(&mut self.status.lock().unwrap_or_else(|p| p.into_inner()).gc);
     }
 
     pub fn pool_name(&self) -> String {
@@ -793,6 +776,49 @@ impl Pool {
             ));
         }
         answer_from(source, items, rv, info, query, accept)
+    }
+}
+
+impl gc::Sweeps for Pool {
+    fn storage(&self) -> Option<Arc<Storage>> {
+        Pool::storage(self)
+    }
+    fn is_leader(&self) -> bool {
+        Pool::is_leader(self)
+    }
+    fn pool_name(&self) -> String {
+        Pool::pool_name(self)
+    }
+    fn pool_scope(&self) -> Vec<String> {
+        Pool::pool_scope(self)
+    }
+    fn count_gc(&self, count: &mut dyn FnMut(&mut GcStatus)) {
+        self.count_status(|s| count(&mut s.gc));
+    }
+    fn note_leader_error(&self, e: String) {
+        Pool::note_leader_error(self, e);
+    }
+}
+
+impl leader::Leads for Pool {
+    fn storage(&self) -> Option<Arc<Storage>> {
+        Pool::storage(self)
+    }
+    fn is_leader(&self) -> bool {
+        Pool::is_leader(self)
+    }
+    fn life(&self) -> u64 {
+        Pool::life(self)
+    }
+    fn note_leader_error(&self, e: String) {
+        Pool::note_leader_error(self, e);
+    }
+    fn count(&self, what: leader::Counted) {
+        self.count_status(|s| match what {
+            leader::Counted::List => s.leader_lists += 1,
+            leader::Counted::Event => s.leader_events += 1,
+            leader::Counted::Stale => s.leader_stale += 1,
+        });
     }
 }
 

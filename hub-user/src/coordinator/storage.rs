@@ -163,6 +163,20 @@ pub struct Resource {
     pub resource: String,
 }
 
+/// (group, version, resource) of a `group/version/resource` name (`/v1/pods` for core).
+pub fn split_gvr(gvr: &str) -> Option<(&str, &str, &str)> {
+    let mut p = gvr.splitn(3, '/');
+    Some((p.next()?, p.next()?, p.next()?))
+}
+
+pub fn resource_of(gvr: &str) -> Option<Resource> {
+    let (group, _version, resource) = split_gvr(gvr)?;
+    Some(Resource {
+        group: group.into(),
+        resource: resource.into(),
+    })
+}
+
 /// One object as the cloud returned it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Object {

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 
 use super::storage::{Resource, Storage};
 use crate::{
+    body::ProxyBody,
     cache::{
         objects::{self, Encoding, Item},
         serve::{
@@ -24,7 +25,6 @@ use crate::{
     },
     kproto,
     proxy::request::RequestInfo,
-    upstream::cloud::ProxyBody,
 };
 
 /// Decodes a stored value (JSON, or protobuf in its `k8s\0` envelope).

@@ -9,7 +9,7 @@ use std::{
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body, Frame};
 
-use crate::upstream::cloud::{BodyError, ProxyBody};
+use crate::body::{BodyError, ProxyBody};
 
 /// Upper bound of one merged frame.
 const MAX_MERGED: usize = 64 * 1024;

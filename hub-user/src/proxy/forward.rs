@@ -13,9 +13,9 @@ use hyper::{
 use hyper_util::rt::TokioIo;
 
 use crate::kproto::StatusDetails;
-use crate::upstream::{
-    Cloud, UpstreamError,
-    cloud::{AsWho, BodyError, ProxyBody},
+use crate::{
+    body::{BodyError, ProxyBody},
+    upstream::{Cloud, UpstreamError, cloud::AsWho},
 };
 
 /// Requests bigger than kube-apiserver accepts are refused before reading them all.

@@ -30,16 +30,14 @@ use self::{
     request::{RequestInfo, component},
 };
 use crate::{
+    body::{BodyError, ProxyBody},
     cache::{self, Cache, offline, serve::CacheRequest},
     coordinator::pool::Pool,
     intercept::OriginLookup,
     metrics::{LatencyLabels, RequestLabels},
     route::{self, Route},
     state::{ConnRecord, HubState},
-    upstream::{
-        Cloud,
-        cloud::{AsWho, BodyError, ProxyBody},
-    },
+    upstream::{Cloud, cloud::AsWho},
 };
 
 /// How long a client gets to finish the TLS handshake and send its request headers

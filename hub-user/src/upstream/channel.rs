@@ -24,9 +24,10 @@ use hyper::{
 };
 
 use super::{
-    cloud::{BodyError, ProxyBody, Server},
     connect::{Conn, MarkedConnector},
+    server::Server,
 };
+use crate::body::{BodyError, ProxyBody};
 
 /// Flow-control windows and limits as hyper's client sets them: a 1k-pod LIST streams
 /// without waiting for window updates.

@@ -13,14 +13,17 @@ use std::{
 };
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use http_body_util::{BodyExt, Full};
 use hyper::{
-    Request, Response, Uri,
+    Request, Response,
     http::uri::{Authority, PathAndQuery, Scheme},
 };
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use serde::Serialize;
 
+use crate::body::{BodyError, ProxyBody, source_chain};
+
+pub use super::server::Server;
 use super::{
     ServerUrl,
     channel::{Channel, ChannelError},
@@ -28,32 +31,6 @@ use super::{
     health::Health,
     identity::{ClientIdentity, client_config},
 };
-
-pub type ProxyBody = BoxBody<Bytes, BodyError>;
-
-/// Why an answer's body could not be read to its end. A concrete type rather than a boxed
-/// error: rustc cannot prove boxed trait objects general enough inside spawned futures.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct BodyError(String);
-
-impl From<hyper::Error> for BodyError {
-    fn from(e: hyper::Error) -> Self {
-        BodyError(source_chain(&e))
-    }
-}
-
-impl From<crate::gzip::GzipError> for BodyError {
-    fn from(e: crate::gzip::GzipError) -> Self {
-        BodyError(e.to_string())
-    }
-}
-
-impl From<h2::Error> for BodyError {
-    fn from(e: h2::Error) -> Self {
-        BodyError(source_chain(&e))
-    }
-}
 
 /// How often each server is probed; with two failures needed (each a probe that waits
 /// at most 600 ms, see `health`), a frozen or dead server is seen within a second.
@@ -72,26 +49,6 @@ pub enum UpstreamError {
     Timeout { server: String, secs: u64 },
     #[error("cloud server {server}: {reason}")]
     Failed { server: String, reason: String },
-}
-
-pub struct Server {
-    pub url: ServerUrl,
-    /// Its place in `Cloud::servers`, and in each identity's channels.
-    index: usize,
-    scheme: Scheme,
-    authority: Authority,
-    pub health: Health,
-}
-
-impl Server {
-    /// This server's URL for a path and query (parsed once by the caller, not per server).
-    pub fn uri(&self, path_and_query: PathAndQuery) -> Uri {
-        let mut parts = hyper::http::uri::Parts::default();
-        parts.scheme = Some(self.scheme.clone());
-        parts.authority = Some(self.authority.clone());
-        parts.path_and_query = Some(path_and_query);
-        Uri::from_parts(parts).expect("a scheme, an authority and a path make a URI")
-    }
 }
 
 /// Which identity the hub uses towards the cloud for a request.
@@ -166,13 +123,13 @@ impl Cloud {
             .map(|(index, u)| {
                 let url = ServerUrl::parse(u)?;
                 let bad = |e: hyper::http::Error| format!("`{u}`: {e}");
-                Ok(Arc::new(Server {
+                Ok(Arc::new(Server::new(
                     index,
-                    scheme: Scheme::try_from(url.scheme.as_str()).map_err(|e| bad(e.into()))?,
-                    authority: Authority::try_from(url.authority()).map_err(|e| bad(e.into()))?,
+                    Scheme::try_from(url.scheme.as_str()).map_err(|e| bad(e.into()))?,
+                    Authority::try_from(url.authority()).map_err(|e| bad(e.into()))?,
                     url,
-                    health: Health::default(),
-                }))
+                    Health::default(),
+                )))
             })
             .collect::<Result<Vec<_>, String>>()?;
         let transports = Self::transports(&roots, node, mark, servers.len())?;
@@ -551,16 +508,4 @@ impl Cloud {
             _ => (now, std::time::Instant::now()),
         }
     }
-}
-
-/// An error and its causes on one line.
-pub fn source_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

@@ -6,6 +6,7 @@ pub mod cloud;
 pub mod connect;
 pub mod health;
 pub mod identity;
+pub mod server;
 
 pub use cloud::{Cloud, UpstreamError};
 pub use connect::connect_marked;
