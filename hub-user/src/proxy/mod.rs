@@ -2,6 +2,7 @@
 //! calling, routes each request by the decision table, forwards to the cloud with the
 //! right identity and streams the answer back, or answers from the pool coordinator or the
 //! local cache; what none can answer truthfully gets a clear 503 Status.
+mod backends;
 pub mod coalesce;
 pub mod forward;
 pub mod peer;
@@ -26,12 +27,13 @@ use tokio::{net::TcpListener, sync::watch};
 use tracing::Instrument;
 
 use self::{
-    forward::{ForwardError, forward, forward_upgrade, is_upgrade, status},
+    backends::{Asked, Backend, CacheBackend, CloudBackend, CoordinatorBackend, Refusal},
+    forward::{ForwardError, status},
     request::{RequestInfo, component},
 };
 use crate::{
     body::{BodyError, ProxyBody},
-    cache::{self, Cache, offline, serve::CacheRequest},
+    cache::{self, Cache, offline},
     coordinator::pool::Pool,
     intercept::OriginLookup,
     metrics::{LatencyLabels, RequestLabels},
@@ -43,8 +45,6 @@ use crate::{
 /// How long a client gets to finish the TLS handshake and send its request headers
 /// (slowloris clients are cut off after this).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a request waits for the pool coordinator before the next route is tried.
-const COORDINATOR_ANSWER: Duration = Duration::from_secs(2);
 /// Largest request head accepted (kube-apiserver's is larger, but no API client needs it).
 const MAX_HEADER_BYTES: usize = 64 * 1024;
 
@@ -322,18 +322,6 @@ impl Proxy {
                 return *resp;
             }
         };
-        let inputs = route::Inputs {
-            cloud_healthy: self.cloud.healthy(),
-            cloud_unknown: !self.cloud.health_known(),
-            coordinator_healthy: self.pool.as_ref().is_some_and(|p| p.healthy()),
-            // Without a pool, this hub reads everything from the cloud itself.
-            leader: self.pool.as_ref().is_none_or(|p| p.is_leader()),
-            pool_scope: info.is_resource && self.pool_scope.iter().any(|g| info.gvr_is(g)),
-            cloud_only: !info.is_read(),
-        };
-        let streaming = info.verb == "watch"
-            || info.verb == "connect"
-            || req.uri().query().is_some_and(|q| q.contains("follow=true"));
         tracing::debug!(
             conn = conn.id,
             verb = info.verb,
@@ -341,10 +329,18 @@ impl Proxy {
             ?who,
             "request"
         );
+        if let Some(cache) = &self.cache
+            && who == AsWho::Node
+            && offline::replayable(&info)
+        {
+            let queued =
+                self.write_or_queue(cache, req, &info, component, &component_name, started);
+            return Box::pin(queued).await;
+        }
         // Kept for the cache: the request itself goes to the cloud. The credential (a
         // SHA-256 of the token) is worked out only if the cache needs it.
         let authorization = req.headers().get(header::AUTHORIZATION).cloned();
-        let credential = std::cell::LazyCell::new(|| {
+        let credential = std::sync::LazyLock::new(|| {
             if who == AsWho::Node {
                 return cache::credential(None, true);
             }
@@ -352,191 +348,126 @@ impl Proxy {
                 cache::credential(authorization.as_ref().map(|v| v.as_bytes()), false)
             })
         });
-        let path = req.uri().path().to_string();
         let query = req.uri().query().unwrap_or("").to_string();
-        // The hub's own answers are gzipped by the cloud's rule (the cloud's pass as sent).
-        let accepts_gzip = crate::gzip::accepts_gzip(req.headers().get(header::ACCEPT_ENCODING));
-        let accept = req
-            .headers()
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
-        if let Some(cache) = &self.cache
-            && who == AsWho::Node
-            && offline::replayable(&info)
-        {
-            return Box::pin(self.write_or_queue(
-                cache,
-                req,
-                &info,
-                component,
-                &component_name,
-                started,
-            ))
-            .await;
-        }
-        let mut req = Some(req);
+        let header_text = |h| {
+            req.headers()
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+        };
+        let accept = header_text(header::ACCEPT).to_string();
+        let delivery = Delivery {
+            streaming: info.verb == "watch"
+                || info.verb == "connect"
+                || query.contains("follow=true"),
+            // The hub's own answers are gzipped by the cloud's rule (the cloud's pass as sent).
+            accepts_gzip: crate::gzip::accepts_gzip(req.headers().get(header::ACCEPT_ENCODING)),
+            component_name: &component_name,
+        };
+        let path = req.uri().path().to_string();
+        let asked = Asked {
+            info: &info,
+            path: &path,
+            query: &query,
+            accept: &accept,
+            who,
+            credential: &|| credential.to_string(),
+            inputs: self.route_inputs(&info),
+            request: std::sync::Mutex::new(Some(req)),
+        };
+        let (route, resp) = self.answer(&asked, &delivery).await;
+        self.record(route, &info, component, resp.status(), started);
+        resp
+    }
+
+    /// Tries the planned routes in order; the first answer goes out, or a 503 naming why
+    /// each route could not answer. Returns the route that answered (or the last tried).
+    async fn answer(
+        &self,
+        asked: &Asked<'_>,
+        delivery: &Delivery<'_>,
+    ) -> (Route, Response<ProxyBody>) {
         let mut why = Vec::new();
-        for r in route::plan(inputs) {
-            match r {
-                Route::Cloud => {
-                    // Probes say no server answers: sending would only hang the client
-                    // (a frozen cloud accepts connections and never replies).
-                    if !self.cloud.healthy() {
-                        why.push("cloud: unreachable (no server passes its health probe)".into());
-                        continue;
-                    }
-                    let Some(req) = req.take() else { break };
-                    let result = if is_upgrade(&req) {
-                        Box::pin(forward_upgrade(&self.cloud, req, who)).await
-                    } else {
-                        Box::pin(forward(&self.cloud, req, who)).await
-                    };
-                    match result {
-                        Ok(f) => {
-                            self.record(
-                                Route::Cloud,
-                                &info,
-                                component,
-                                f.response.status(),
-                                started,
-                            );
-                            let response = match &self.cache {
-                                Some(c) => c.tee(
-                                    f.response,
-                                    &info,
-                                    &path,
-                                    &query,
-                                    || credential.to_string(),
-                                    &component_name,
-                                ),
-                                None => f.response,
-                            };
-                            return if streaming {
-                                self.counted(response)
-                            } else {
-                                response
-                            };
-                        }
-                        Err(ForwardError::TooLarge) => {
-                            let resp = too_large();
-                            self.record(Route::Cloud, &info, component, resp.status(), started);
-                            return resp;
-                        }
-                        Err(e) => why.push(format!("cloud: {e}")),
-                    }
-                }
+        let plan = route::plan(asked.inputs);
+        for &route in &plan {
+            let cloud = &self.cloud;
+            let answer = match route {
+                Route::Cloud => CloudBackend(cloud).serve(asked).await,
                 Route::LocalCache => {
-                    let Some(cache) = &self.cache else {
-                        why.push("local-cache: the cache is turned off".into());
-                        continue;
-                    };
-                    let cloud = self.cloud.clone();
-                    let asked = CacheRequest {
-                        info: &info,
-                        path: &path,
-                        query: &query,
-                        accept: &accept,
-                        credential: &credential,
-                    };
-                    let cloud_back = move || cloud.health_known() && cloud.healthy();
-                    match Box::pin(cache.serve(asked, Arc::new(cloud_back))).await {
-                        Ok(resp) => {
-                            self.record(
-                                Route::LocalCache,
-                                &info,
-                                component,
-                                resp.status(),
-                                started,
-                            );
-                            return if streaming {
-                                self.counted(resp)
-                            } else {
-                                crate::gzip::for_client(resp, accepts_gzip).await
-                            };
-                        }
-                        Err(e) => why.push(format!("local-cache: {e}")),
-                    }
+                    let cache = self.cache.as_deref();
+                    CacheBackend { cache, cloud }.serve(asked).await
                 }
                 Route::Coordinator => {
-                    let Some(pool) = &self.pool else {
-                        why.push("coordinator: none configured".into());
-                        continue;
-                    };
-                    // Pool data came from node identities: only they are served it.
-                    if who != AsWho::Node {
-                        why.push(
-                            "coordinator: pool data is served to the node identity only".into(),
-                        );
-                        continue;
-                    }
-                    // A watch served from here ends once the hub would route it elsewhere;
-                    // the client then re-lists there.
-                    let (p, cloud) = (pool.clone(), self.cloud.clone());
-                    let pool_scope = inputs.pool_scope;
-                    let keep_open = move || p.healthy() && (pool_scope || !cloud.healthy());
-                    let leader_data_only = inputs.cloud_healthy;
-                    let asked = pool.serve(
-                        &info,
-                        &query,
-                        &accept,
-                        leader_data_only,
-                        Arc::new(keep_open),
-                    );
-                    // A frozen etcd must not hold the client: no answer in time is a
-                    // failure (and a signal on the coordinator's health).
-                    let answer =
-                        match tokio::time::timeout(COORDINATOR_ANSWER, Box::pin(asked)).await {
-                            Ok(a) => a,
-                            Err(_) => {
-                                pool.note_unanswered("a request");
-                                Err(format!(
-                                    "no answer within {} ms",
-                                    COORDINATOR_ANSWER.as_millis()
-                                ))
-                            }
-                        };
-                    match answer {
-                        Ok(resp) => {
-                            self.record(
-                                Route::Coordinator,
-                                &info,
-                                component,
-                                resp.status(),
-                                started,
-                            );
-                            // The node's cache keeps what it was served, for when the
-                            // coordinator is unreachable too.
-                            let resp = match &self.cache {
-                                Some(c) => c.tee(
-                                    resp,
-                                    &info,
-                                    &path,
-                                    &query,
-                                    || credential.to_string(),
-                                    &component_name,
-                                ),
-                                None => resp,
-                            };
-                            return if streaming {
-                                self.counted(resp)
-                            } else {
-                                crate::gzip::for_client(resp, accepts_gzip).await
-                            };
-                        }
-                        Err(e) => why.push(format!("coordinator: {e}")),
-                    }
+                    let pool = self.pool.as_ref();
+                    CoordinatorBackend { pool, cloud }.serve(asked).await
                 }
+            };
+            match answer {
+                Ok(resp) => return (route, self.deliver(route, resp, asked, delivery).await),
+                Err(Refusal::Final(resp)) => return (route, resp),
+                Err(Refusal::Unable(reason)) => why.push(format!("{}: {reason}", route.as_str())),
             }
         }
+        let last = plan.last().copied().unwrap_or(Route::Cloud);
+        (last, self.unavailable(asked.info, asked.inputs, why))
+    }
+
+    /// What the router needs to know about the hub's state for this request.
+    fn route_inputs(&self, info: &RequestInfo) -> route::Inputs {
+        route::Inputs {
+            cloud_healthy: self.cloud.healthy(),
+            cloud_unknown: !self.cloud.health_known(),
+            coordinator_healthy: self.pool.as_ref().is_some_and(|p| p.healthy()),
+            // Without a pool, this hub reads everything from the cloud itself.
+            leader: self.pool.as_ref().is_none_or(|p| p.is_leader()),
+            pool_scope: info.is_resource && self.pool_scope.iter().any(|g| info.gvr_is(g)),
+            cloud_only: !info.is_read(),
+        }
+    }
+
+    /// An answer on its way to the client: what the cloud and the coordinator gave is
+    /// copied into the cache; the hub's own answers are gzipped by the cloud's rule; a
+    /// stream is counted while it is open.
+    async fn deliver(
+        &self,
+        route: Route,
+        resp: Response<ProxyBody>,
+        asked: &Asked<'_>,
+        how: &Delivery<'_>,
+    ) -> Response<ProxyBody> {
+        let resp = match (&self.cache, route) {
+            (Some(c), Route::Cloud | Route::Coordinator) => c.tee(
+                resp,
+                asked.info,
+                asked.path,
+                asked.query,
+                asked.credential,
+                how.component_name,
+            ),
+            _ => resp,
+        };
+        if how.streaming {
+            self.counted(resp)
+        } else if route == Route::Cloud {
+            resp
+        } else {
+            crate::gzip::for_client(resp, how.accepts_gzip).await
+        }
+    }
+
+    /// No route could answer: a 503 naming why each could not.
+    fn unavailable(
+        &self,
+        info: &RequestInfo,
+        inputs: route::Inputs,
+        mut why: Vec<String>,
+    ) -> Response<ProxyBody> {
         if !self.cloud.healthy() && why.iter().all(|w| !w.starts_with("cloud")) {
             why.insert(
                 0,
                 "cloud: unreachable (no server passes its health probe)".into(),
             );
         }
-        let last = route::plan(inputs).last().copied().unwrap_or(Route::Cloud);
         // Only the cloud can answer writes, exec, logs: say plainly that the node is
         // offline rather than pretend (YurtHub answered offline creates with a fake 201).
         let offline = if inputs.cloud_only {
@@ -544,28 +475,20 @@ impl Proxy {
         } else {
             ""
         };
-        let resp = status(
+        let why = why.join("; ");
+        self.state
+            .error(format!("{} {}: {why}", info.verb, uri_path(info)));
+        status(
             StatusCode::SERVICE_UNAVAILABLE,
             "ServiceUnavailable",
             &format!(
-                "hub: cannot serve {} {}{offline}: {}",
+                "hub: cannot serve {} {}{offline}: {why}",
                 info.verb,
-                uri_path(&info),
-                why.join("; ")
+                uri_path(info)
             ),
-        );
-        self.record(last, &info, component, resp.status(), started);
-        self.state.error(format!(
-            "{} {}: {}",
-            info.verb,
-            uri_path(&info),
-            why.join("; ")
-        ));
-        resp
+        )
     }
 
-    /// A node's own write (lease, status, event): to the cloud, or — when the cloud cannot
-    /// be reached — queued on the node for replay (cache::offline).
     async fn write_or_queue(
         &self,
         cache: &Arc<Cache>,
@@ -717,6 +640,14 @@ async fn keep_token(
         cache.remember_token(&info, &request_type, &request, &answer_type, &kept)
     });
     Response::from_parts(rparts, forward::full(answer))
+}
+
+/// How an answer goes out, whichever route gave it.
+struct Delivery<'a> {
+    /// A watch, an exec or a followed log: counted while open, never gzipped here.
+    streaming: bool,
+    accepts_gzip: bool,
+    component_name: &'a str,
 }
 
 fn too_large() -> Response<ProxyBody> {
