@@ -97,15 +97,34 @@ fn join(parts: &[&str]) -> Vec<u8> {
     parts.join("\0").into_bytes()
 }
 
+/// An object's key from its parts, in one allocation (what `ObjectKey::encode` gives).
+pub fn object_key(
+    credential: &str,
+    gvr: &str,
+    namespace: &str,
+    name: &str,
+    component: &str,
+) -> Vec<u8> {
+    let parts = [credential, gvr, namespace, name, component];
+    let mut k = Vec::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            k.push(0);
+        }
+        k.extend_from_slice(p.as_bytes());
+    }
+    k
+}
+
 impl ObjectKey {
     pub fn encode(&self) -> Vec<u8> {
-        join(&[
+        object_key(
             &self.credential,
             &self.gvr,
             &self.namespace,
             &self.name,
             &self.component,
-        ])
+        )
     }
 
     pub fn decode(b: &[u8]) -> Option<ObjectKey> {
@@ -1028,9 +1047,8 @@ pub struct Snapshot {
 impl Snapshot {
     /// True if an upsert of `key` at `rv` would change nothing: the store holds that state
     /// or a newer one.
-    pub fn holds(&self, key: &ObjectKey, rv: u64, encoding: Encoding) -> Result<bool, StoreError> {
-        Ok(stored_version(&self.objects, &key.encode())?
-            .is_some_and(|v| supersedes(v, rv, encoding)))
+    pub fn holds(&self, key: &[u8], rv: u64, encoding: Encoding) -> Result<bool, StoreError> {
+        Ok(stored_version(&self.objects, key)?.is_some_and(|v| supersedes(v, rv, encoding)))
     }
 }
 
@@ -1122,14 +1140,7 @@ struct ListScope<'a> {
 
 impl ListScope<'_> {
     fn key(&self, namespace: &str, name: &str) -> Vec<u8> {
-        ObjectKey {
-            credential: self.credential.into(),
-            gvr: self.gvr.into(),
-            namespace: namespace.into(),
-            name: name.into(),
-            component: self.component.into(),
-        }
-        .encode()
+        object_key(self.credential, self.gvr, namespace, name, self.component)
     }
 }
 

@@ -19,7 +19,7 @@ use crate::kproto;
 use super::{
     objects::{self, Encoding, EventType, Item},
     select::Selector,
-    store::{ObjectKey, Snapshot, Store, Write},
+    store::{self, ObjectKey, Snapshot, Store, Write},
 };
 
 /// Ops applied in one transaction at most.
@@ -374,13 +374,13 @@ impl<'a> Held<'a> {
     }
 
     fn holds(&mut self, target: &Target, id: &objects::Identity) -> bool {
-        let key = ObjectKey {
-            credential: target.credential.clone(),
-            gvr: target.gvr.clone(),
-            namespace: id.namespace.clone(),
-            name: id.name.clone(),
-            component: target.component.clone(),
-        };
+        let key = store::object_key(
+            &target.credential,
+            &target.gvr,
+            &id.namespace,
+            &id.name,
+            &target.component,
+        );
         if self.snapshot.is_none() {
             *self.snapshot = self.store.snapshot().ok();
         }
