@@ -732,35 +732,15 @@ impl Pool {
             group: info.group.clone(),
             resource: info.resource.clone(),
         };
-        let ns = (!info.namespace.is_empty()).then_some(info.namespace.as_str());
-        let err = |e: storage::StorageError| e.to_string();
-        let (values, rv): (Vec<Vec<u8>>, u64) = match info.verb {
-            "watch" => {
-                return coordinator_watch::serve(
-                    storage, resource, info, query, accept, source, keep_open,
-                )
-                .await;
-            }
-            "get" => {
-                let found = storage.get(&resource, ns, &info.name).await.map_err(err)?;
-                match found {
-                    Some((rv, v)) => (vec![v], rv),
-                    None => (vec![], 0),
-                }
-            }
-            _ => {
-                // The list stands at the newest version the coordinator knows in this
-                // scope, deletions included, as a cloud list would.
-                let snap = storage.snapshot(&resource, ns).await.map_err(err)?;
-                let rv = snap
-                    .versions
-                    .iter()
-                    .map(|(_, rv, _)| *rv)
-                    .max()
-                    .unwrap_or(0);
-                (snap.objects.into_iter().map(|(_, v)| v).collect(), rv)
-            }
-        };
+        if info.verb == "watch" {
+            return coordinator_watch::serve(
+                storage, resource, info, query, accept, source, keep_open,
+            )
+            .await;
+        }
+        let (values, rv) = read_stored(&storage, &resource, info)
+            .await
+            .map_err(|e| e.to_string())?;
         if values.is_empty() && !leader_data_only {
             return Err(format!("the pool holds no {}", info.resource));
         }
@@ -777,6 +757,31 @@ impl Pool {
         }
         answer_from(source, items, rv, info, query, accept)
     }
+}
+
+/// The stored values a get or list asks for, and the resourceVersion they stand at: a
+/// list at the newest version the coordinator knows in its scope, deletions included, as
+/// a cloud list would.
+async fn read_stored(
+    storage: &Storage,
+    resource: &Resource,
+    info: &RequestInfo,
+) -> Result<(Vec<Vec<u8>>, u64), storage::StorageError> {
+    let ns = (!info.namespace.is_empty()).then_some(info.namespace.as_str());
+    if info.verb == "get" {
+        return Ok(match storage.get(resource, ns, &info.name).await? {
+            Some((rv, v)) => (vec![v], rv),
+            None => (vec![], 0),
+        });
+    }
+    let snap = storage.snapshot(resource, ns).await?;
+    let rv = snap
+        .versions
+        .iter()
+        .map(|(_, rv, _)| *rv)
+        .max()
+        .unwrap_or(0);
+    Ok((snap.objects.into_iter().map(|(_, v)| v).collect(), rv))
 }
 
 impl gc::Sweeps for Pool {

@@ -35,7 +35,7 @@ use crate::{
     body::{BodyError, ProxyBody},
     cache::{self, Cache, offline},
     coordinator::pool::Pool,
-    intercept::OriginLookup,
+    intercept::{ConnOrigin, OriginLookup},
     metrics::{LatencyLabels, RequestLabels},
     route::{self, Route},
     state::{ConnRecord, HubState},
@@ -129,73 +129,98 @@ impl Proxy {
             };
             next_id += 1;
             let _ = tcp.set_nodelay(true);
-            let (origin, record) = match kind {
-                Listener::Vip(vip) => {
-                    self.state.metrics.intercepted.inc();
-                    let local = tcp.local_addr().unwrap_or(peer);
-                    let origin = self.origins.as_ref().and_then(|o| o.lookup(peer, local));
-                    let record = ConnRecord {
-                        client: peer,
-                        original_dst: origin.map_or(vip, |o| o.original_dst),
-                        pid: origin.map_or(0, |o| o.pid),
-                        cgroup_id: origin.map_or(0, |o| o.cgroup_id),
-                        upstream: None,
-                    };
-                    (origin, Some(record))
-                }
-                _ => (None, None),
-            };
+            let (origin, record) = self.origin(kind, &tcp, peer);
             let span = tracing::debug_span!("conn", id = next_id, %peer, orig_dst = ?origin.map(|o| o.original_dst));
-            let (me, tls) = (self.clone(), tls.clone());
-            tokio::spawn(
-                async move {
-                    // Intercepted connections are listed (with their origin) while open.
-                    let state = me.state.clone();
-                    let _open = record.as_ref().map(|r| state.connection_opened(r));
-                    // A connection the eBPF programs redirected carries its origin; any
-                    // other is looked up (off the runtime: it walks the pods' cgroups).
-                    let peer_of = match (origin, tcp.local_addr()) {
-                        (None, Ok(local)) => {
-                            let pods = me.pods.clone();
-                            tokio::task::spawn_blocking(move || peer::Peer::of(local, peer, &pods))
-                                .await
-                                .ok()
-                        }
-                        (None, Err(_)) => Some(peer::Peer::Elsewhere),
-                        (Some(_), _) => None,
-                    };
-                    let conn = Conn {
-                        id: next_id,
-                        listener: kind,
-                        cert: None,
-                        cgroup_id: origin.map_or(0, |o| o.cgroup_id),
-                        peer: peer_of,
-                        component: Memo::default(),
-                        credential: Memo::default(),
-                    };
-                    match tls {
-                        Some(acceptor) => {
-                            let Ok(Ok(stream)) =
-                                tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
-                            else {
-                                tracing::debug!("TLS handshake failed or timed out");
-                                return;
-                            };
-                            let cert = stream
-                                .get_ref()
-                                .1
-                                .peer_certificates()
-                                .and_then(|c| c.first())
-                                .and_then(|c| crate::x509::subject_cn_and_orgs(c));
-                            me.serve_http(TokioIo::new(stream), Conn { cert, ..conn })
-                                .await;
-                        }
-                        None => me.serve_http(TokioIo::new(tcp), conn).await,
-                    }
-                }
-                .instrument(span),
-            );
+            let accepted = Accepted {
+                tcp,
+                peer,
+                id: next_id,
+                kind,
+                origin,
+            };
+            let connection = self.clone().connection(accepted, record, tls.clone());
+            tokio::spawn(connection.instrument(span));
         }
+    }
+
+    /// Where an intercepted connection was headed and who opened it (from the eBPF
+    /// programs' records), and the record `hub status` lists while it is open.
+    fn origin(
+        &self,
+        kind: Listener,
+        tcp: &tokio::net::TcpStream,
+        peer: SocketAddr,
+    ) -> (Option<ConnOrigin>, Option<ConnRecord>) {
+        let Listener::Vip(vip) = kind else {
+            return (None, None);
+        };
+        self.state.metrics.intercepted.inc();
+        let local = tcp.local_addr().unwrap_or(peer);
+        let origin = self.origins.as_ref().and_then(|o| o.lookup(peer, local));
+        let record = ConnRecord {
+            client: peer,
+            original_dst: origin.map_or(vip, |o| o.original_dst),
+            pid: origin.map_or(0, |o| o.pid),
+            cgroup_id: origin.map_or(0, |o| o.cgroup_id),
+            upstream: None,
+        };
+        (origin, Some(record))
+    }
+
+    /// One accepted connection: who is at the other end, the TLS handshake, then HTTP.
+    async fn connection(
+        self: Arc<Self>,
+        accepted: Accepted,
+        record: Option<ConnRecord>,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) {
+        let Accepted {
+            tcp,
+            peer,
+            id,
+            kind,
+            origin,
+        } = accepted;
+        // Intercepted connections are listed (with their origin) while open.
+        let state = self.state.clone();
+        let _open = record.as_ref().map(|r| state.connection_opened(r));
+        // A connection the eBPF programs redirected carries its origin; any other is
+        // looked up (off the runtime: it walks the pods' cgroups).
+        let peer_of = match (origin, tcp.local_addr()) {
+            (None, Ok(local)) => {
+                let pods = self.pods.clone();
+                tokio::task::spawn_blocking(move || peer::Peer::of(local, peer, &pods))
+                    .await
+                    .ok()
+            }
+            (None, Err(_)) => Some(peer::Peer::Elsewhere),
+            (Some(_), _) => None,
+        };
+        let conn = Conn {
+            id,
+            listener: kind,
+            cert: None,
+            cgroup_id: origin.map_or(0, |o| o.cgroup_id),
+            peer: peer_of,
+            component: Memo::default(),
+            credential: Memo::default(),
+        };
+        let Some(acceptor) = tls else {
+            return self.serve_http(TokioIo::new(tcp), conn).await;
+        };
+        let Ok(Ok(stream)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
+        else {
+            tracing::debug!("TLS handshake failed or timed out");
+            return;
+        };
+        let cert = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(|c| crate::x509::subject_cn_and_orgs(c));
+        self.serve_http(TokioIo::new(stream), Conn { cert, ..conn })
+            .await;
     }
 
     async fn serve_http<I>(self: Arc<Self>, io: I, conn: Conn)
@@ -640,6 +665,15 @@ async fn keep_token(
         cache.remember_token(&info, &request_type, &request, &answer_type, &kept)
     });
     Response::from_parts(rparts, forward::full(answer))
+}
+
+/// A connection as the listener accepted it.
+struct Accepted {
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    id: u64,
+    kind: Listener,
+    origin: Option<ConnOrigin>,
 }
 
 /// How an answer goes out, whichever route gave it.

@@ -248,6 +248,24 @@ impl Cloud {
     /// Sends a request built by `build` (called once per attempt with the server to send
     /// it to). A server that cannot be connected to is marked and the next one is tried,
     /// which is safe for any method because nothing was sent.
+    /// Ends when a server that was healthy as a request went out is found silent while
+    /// the request waits: marked unhealthy, and its connection no longer answering a PING.
+    /// Never ends for a server already unhealthy (its answer is waited for).
+    async fn silent_while_waiting(server: &Server, channel: &Channel) {
+        if !server.health.is_healthy() {
+            return std::future::pending().await;
+        }
+        loop {
+            server.health.unhealthy().await;
+            let alive = channel.ping(IN_FLIGHT_PATIENCE).await.is_some()
+                || server.health.heard_within(IN_FLIGHT_PATIENCE);
+            if !alive {
+                return;
+            }
+            tokio::time::sleep(PROBE_INTERVAL).await;
+        }
+    }
+
     pub async fn send(
         &self,
         who: AsWho,
@@ -267,22 +285,7 @@ impl Cloud {
             // client then gets the next route instead of a 60 s hang. Marked unhealthy is
             // not enough — a server busy building a large answer can miss two probes — so
             // the connection itself must then fail a PING too.
-            let was_healthy = server.health.is_healthy();
-            let channel = &transport.channels[server.index];
-            let abandoned = async {
-                if !was_healthy {
-                    return std::future::pending().await;
-                }
-                loop {
-                    server.health.unhealthy().await;
-                    let alive = channel.ping(IN_FLIGHT_PATIENCE).await.is_some()
-                        || server.health.heard_within(IN_FLIGHT_PATIENCE);
-                    if !alive {
-                        return;
-                    }
-                    tokio::time::sleep(PROBE_INTERVAL).await;
-                }
-            };
+            let abandoned = Self::silent_while_waiting(&server, &transport.channels[server.index]);
             let answer = tokio::select! {
                 r = tokio::time::timeout(HEADER_TIMEOUT, Self::attempt(transport, &server, req)) => r,
                 () = abandoned => {
