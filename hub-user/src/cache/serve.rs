@@ -644,43 +644,14 @@ fn render_list(
         items.truncate(limit);
         next = continue_token(rv, &items[limit - 1].key);
     }
-    let list_kind = format!("{kind}List");
-    let av = api_version(info);
-    let body = match enc {
-        Encoding::Json => {
-            let mut meta = serde_json::json!({"resourceVersion": rv.to_string()});
-            if !next.is_empty() {
-                meta["continue"] = next.clone().into();
-                meta["remainingItemCount"] = remaining.unwrap_or(0).into();
-            }
-            let mut out = format!(
-                "{{\"kind\":{},\"apiVersion\":{},\"metadata\":{},\"items\":[",
-                serde_json::Value::from(list_kind),
-                serde_json::Value::from(av),
-                meta
-            )
-            .into_bytes();
-            for (i, l) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.extend_from_slice(&l.pick(enc).expect("filtered above").body);
-            }
-            out.extend_from_slice(b"]}");
-            out
-        }
-        Encoding::Protobuf => {
-            let raw = kproto::list_message(
-                &rv.to_string(),
-                &next,
-                remaining,
-                items
-                    .iter()
-                    .map(|l| l.pick(enc).expect("filtered above").body.as_slice()),
-            );
-            kproto::envelope(&av, &list_kind, &raw)
-        }
+    let page = Page {
+        list_kind: format!("{kind}List"),
+        api_version: api_version(info),
+        rv,
+        next,
+        remaining,
     };
+    let body = list_body(enc, &page, &items);
     let resp = respond(source, enc.content_type(), body, None);
     if objects.len() >= LARGE_LIST {
         // The decoded records of a large list are freed now; hand the memory back rather
@@ -692,6 +663,52 @@ fn render_list(
         }
     }
     Ok(resp)
+}
+
+/// What a list answer says of itself beside its items.
+struct Page {
+    list_kind: String,
+    api_version: String,
+    rv: u64,
+    /// The continue token, empty on the last page.
+    next: String,
+    remaining: Option<u64>,
+}
+
+/// A list answer's bytes in `enc`: the list's own metadata around the kept item bytes.
+fn list_body(enc: Encoding, page: &Page, items: &[&Latest]) -> Vec<u8> {
+    let bodies = items
+        .iter()
+        .map(|l| l.pick(enc).expect("filtered above").body.as_slice());
+    match enc {
+        Encoding::Json => {
+            let mut meta = serde_json::json!({"resourceVersion": page.rv.to_string()});
+            if !page.next.is_empty() {
+                meta["continue"] = page.next.clone().into();
+                meta["remainingItemCount"] = page.remaining.unwrap_or(0).into();
+            }
+            let mut out = format!(
+                "{{\"kind\":{},\"apiVersion\":{},\"metadata\":{},\"items\":[",
+                serde_json::Value::from(page.list_kind.as_str()),
+                serde_json::Value::from(page.api_version.as_str()),
+                meta
+            )
+            .into_bytes();
+            for (i, body) in bodies.enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(body);
+            }
+            out.extend_from_slice(b"]}");
+            out
+        }
+        Encoding::Protobuf => {
+            let raw =
+                kproto::list_message(&page.rv.to_string(), &page.next, page.remaining, bodies);
+            kproto::envelope(&page.api_version, &page.list_kind, &raw)
+        }
+    }
 }
 
 /// A response body fed from a channel (offline watches).
