@@ -253,6 +253,12 @@ fn check(e: &Exchange) -> usize {
                     hub.continue_token,
                     full["metadata"]["continue"].as_str().unwrap_or_default()
                 );
+                assert_named_in_any_pieces(
+                    &resource,
+                    enc,
+                    &e.body,
+                    &items.iter().map(of_json).collect::<Vec<_>>(),
+                );
                 items.len()
             } else {
                 let hub = objects::parse_object(&resource, enc, &e.body)
@@ -276,6 +282,7 @@ fn check(e: &Exchange) -> usize {
                 assert_eq!(hub.bad, 0);
                 assert_eq!(hub.items.iter().map(of_item).collect::<Vec<_>>(), items);
                 assert_eq!(hub.rv, rv);
+                assert_named_in_any_pieces(&resource, enc, &e.body, &items);
                 // Each sliced item is the very bytes of one typed item.
                 for (item, m) in hub.items.iter().zip(&items) {
                     assert_eq!(
@@ -289,6 +296,12 @@ fn check(e: &Exchange) -> usize {
                 assert_eq!(of_item(&hub), typed_meta(&kind, &raw));
                 assert_eq!(hub.kind, kind);
                 assert_eq!(hub.encoded(), e.body, "re-enveloped byte for byte");
+                // The field walk that asks "already held?" names it as the full decode.
+                let id = objects::identify_protobuf(&raw).unwrap();
+                assert_eq!(
+                    (id.name, id.namespace, id.rv),
+                    (hub.name, hub.namespace, hub.rv)
+                );
                 1
             }
         }
@@ -305,6 +318,7 @@ fn check_watch(e: &Exchange, resource: &str, enc: Encoding) -> usize {
                 agree(full["type"].as_str().unwrap(), ty, item.as_ref(), || {
                     of_json(&full["object"])
                 });
+                agree_named(ty, item.as_ref(), objects::identify_event(enc, line));
                 if ty == EventType::Other {
                     assert_eq!(full["object"]["kind"], "Status");
                     assert_eq!(full["object"]["code"], 410);
@@ -331,6 +345,7 @@ fn check_watch(e: &Exchange, resource: &str, enc: Encoding) -> usize {
                 let (kind, raw) = unknown(&full.object.unwrap().raw.unwrap());
                 let (ty, item) = objects::parse_event(resource, enc, frame).unwrap();
                 agree(&full_type, ty, item.as_ref(), || typed_meta(&kind, &raw));
+                agree_named(ty, item.as_ref(), objects::identify_event(enc, frame));
                 match ty {
                     EventType::Other => {
                         assert_eq!(kind, "Status");
@@ -365,6 +380,45 @@ fn check_watch(e: &Exchange, resource: &str, enc: Encoding) -> usize {
         }
     }
     compared
+}
+
+/// A list read from the pieces it could have arrived in (every size from 1 byte up to
+/// the whole, in steps) names each item — by the scan alone, none parsed — as the full
+/// decoder reads it: what the cache asks "already held?" with.
+fn assert_named_in_any_pieces(resource: &str, enc: Encoding, body: &[u8], full: &[Meta]) {
+    let expected: Vec<(String, String, u64)> = full
+        .iter()
+        .map(|m| (m.namespace.clone(), m.name.clone(), m.rv))
+        .collect();
+    for size in [1, 7, 64, 1000, 16 * 1024, body.len().max(1)] {
+        let pieces: Vec<bytes::Bytes> = body
+            .chunks(size)
+            .map(bytes::Bytes::copy_from_slice)
+            .collect();
+        let mut named = Vec::new();
+        let page = objects::parse_list_pieces(resource, enc, &pieces, |id| {
+            named.push((id.namespace.clone(), id.name.clone(), id.rv));
+            true
+        })
+        .unwrap();
+        assert_eq!(named, expected, "pieces of {size}");
+        assert_eq!((page.items.len(), page.held.len()), (0, full.len()));
+    }
+}
+
+/// The cheap naming of a watch event (to skip one already held) agrees with its full
+/// parse: ADDED and MODIFIED are named, nothing else is.
+fn agree_named(ty: EventType, item: Option<&Item>, named: Option<objects::Identity>) {
+    match (ty, item) {
+        (EventType::Added | EventType::Modified, Some(i)) => {
+            let id = named.expect("an ADDED/MODIFIED event is named");
+            assert_eq!(
+                (id.name.as_str(), id.namespace.as_str(), id.rv),
+                (i.name.as_str(), i.namespace.as_str(), i.rv)
+            );
+        }
+        _ => assert!(named.is_none(), "{ty:?} is never skipped as held"),
+    }
 }
 
 /// The hub's reading of one event agrees with the full decoder's.

@@ -21,24 +21,56 @@ pub struct ScannedList {
     pub items: Vec<ScannedItem>,
 }
 
-/// Bytes `start..end` of the answer, a slice of one piece when they lie in it.
-fn range(parts: &[Bytes], start: usize, end: usize) -> Bytes {
-    let mut base = 0;
-    let mut out: Option<BytesMut> = None;
-    for part in parts {
-        let (lo, hi) = (base, base + part.len());
-        base = hi;
-        if hi <= start || lo >= end {
-            continue;
+/// An answer as the pieces it arrived in, addressed by offset.
+struct Pieces<'a> {
+    parts: &'a [Bytes],
+    /// Where each piece starts in the answer (found by binary search, so reading a large
+    /// list in thousands of pieces stays linear).
+    starts: Vec<usize>,
+    len: usize,
+}
+
+impl<'a> Pieces<'a> {
+    fn new(parts: &'a [Bytes]) -> Pieces<'a> {
+        let mut starts = Vec::with_capacity(parts.len());
+        let mut len = 0;
+        for p in parts {
+            starts.push(len);
+            len += p.len();
         }
-        let (from, to) = (start.max(lo) - lo, end.min(hi) - lo);
-        if out.is_none() && lo <= start && end <= hi {
-            return part.slice(from..to);
-        }
-        out.get_or_insert_with(|| BytesMut::with_capacity(end - start))
-            .extend_from_slice(&part[from..to]);
+        Pieces { parts, starts, len }
     }
-    out.map(BytesMut::freeze).unwrap_or_default()
+
+    /// The index of the piece holding offset `pos`.
+    fn piece_at(&self, pos: usize) -> usize {
+        self.starts.partition_point(|s| *s <= pos).saturating_sub(1)
+    }
+
+    fn byte(&self, pos: usize) -> Option<u8> {
+        let i = self.piece_at(pos);
+        self.parts.get(i)?.get(pos - self.starts[i]).copied()
+    }
+
+    /// Bytes `start..end`, a slice of one piece when they lie in it.
+    fn range(&self, start: usize, end: usize) -> Bytes {
+        let mut out: Option<BytesMut> = None;
+        for i in self.piece_at(start)..self.parts.len() {
+            let (part, lo) = (&self.parts[i], self.starts[i]);
+            if lo >= end {
+                break;
+            }
+            let (from, to) = (start.max(lo) - lo, end.min(lo + part.len()) - lo);
+            if from >= to {
+                continue;
+            }
+            if out.is_none() && lo <= start && end <= lo + part.len() {
+                return part.slice(from..to);
+            }
+            out.get_or_insert_with(|| BytesMut::with_capacity(end - start))
+                .extend_from_slice(&part[from..to]);
+        }
+        out.map(BytesMut::freeze).unwrap_or_default()
+    }
 }
 
 #[derive(Deserialize)]
@@ -354,6 +386,7 @@ pub struct ScannedItem {
 
 /// A JSON list's items and head, from the pieces it arrived in.
 pub fn json_list(parts: &[Bytes]) -> Result<ScannedList, Malformed> {
+    let pieces = Pieces::new(parts);
     let mut split = JsonSplit::default();
     let mut base = 0;
     for part in parts {
@@ -369,7 +402,7 @@ pub fn json_list(parts: &[Bytes]) -> Result<ScannedList, Malformed> {
         if i > 0 {
             head.push(b',');
         }
-        head.extend_from_slice(&range(parts, *s, *e));
+        head.extend_from_slice(&pieces.range(*s, *e));
     }
     head.push(b'}');
     let head: JsonHead = serde_json::from_slice(&head).map_err(|_| MALFORMED)?;
@@ -382,7 +415,7 @@ pub fn json_list(parts: &[Bytes]) -> Result<ScannedList, Malformed> {
             .items
             .into_iter()
             .map(|(s, e, id)| ScannedItem {
-                raw: range(parts, s, e),
+                raw: pieces.range(s, e),
                 identity: match id {
                     ScannedIdentity {
                         name: Some(name),
@@ -399,23 +432,16 @@ pub fn json_list(parts: &[Bytes]) -> Result<ScannedList, Malformed> {
 
 /// Reads protobuf across the pieces of an answer.
 struct Cursor<'a> {
-    parts: &'a [Bytes],
+    pieces: Pieces<'a>,
     pos: usize,
     len: usize,
 }
 
 impl Cursor<'_> {
     fn byte(&mut self) -> Option<u8> {
-        let mut base = 0;
-        for part in self.parts {
-            if self.pos < base + part.len() {
-                let b = part[self.pos - base];
-                self.pos += 1;
-                return Some(b);
-            }
-            base += part.len();
-        }
-        None
+        let b = self.pieces.byte(self.pos)?;
+        self.pos += 1;
+        Some(b)
     }
 
     fn varint(&mut self) -> Option<u64> {
@@ -432,7 +458,7 @@ impl Cursor<'_> {
 
     fn take(&mut self, n: usize) -> Option<Bytes> {
         let end = self.pos.checked_add(n).filter(|e| *e <= self.len)?;
-        let out = range(self.parts, self.pos, end);
+        let out = self.pieces.range(self.pos, end);
         self.pos = end;
         Some(out)
     }
@@ -467,8 +493,13 @@ impl Cursor<'_> {
 
 /// A protobuf list (`k8s\0` + Unknown whose raw is the List) sliced into its items.
 pub fn protobuf_list(parts: &[Bytes]) -> Result<ScannedList, Malformed> {
-    let len = parts.iter().map(Bytes::len).sum();
-    let mut c = Cursor { parts, pos: 0, len };
+    let pieces = Pieces::new(parts);
+    let len = pieces.len;
+    let mut c = Cursor {
+        pieces,
+        pos: 0,
+        len,
+    };
     if c.take(kproto::MAGIC.len()).as_deref() != Some(kproto::MAGIC) {
         return Err(MALFORMED);
     }
