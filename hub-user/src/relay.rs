@@ -42,13 +42,7 @@ pub async fn serve_vip(
         next_id += 1;
         let local = client.local_addr().unwrap_or(vip);
         let origin = origins.lookup(peer, local);
-        let record = ConnRecord {
-            client: peer,
-            original_dst: origin.map_or(vip, |o| o.original_dst),
-            pid: origin.map_or(0, |o| o.pid),
-            cgroup_id: origin.map_or(0, |o| o.cgroup_id),
-            upstream: None,
-        };
+        let record = ConnRecord::intercepted(peer, vip, origin);
         let span = tracing::info_span!(
             "conn",
             id = next_id,

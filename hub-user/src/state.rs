@@ -46,6 +46,24 @@ pub struct ConnRecord {
     pub upstream: Option<String>,
 }
 
+impl ConnRecord {
+    /// A connection accepted on `vip`'s listener, with what the eBPF programs recorded
+    /// of where it was headed and who opened it (if they had it).
+    pub fn intercepted(
+        client: SocketAddr,
+        vip: SocketAddr,
+        origin: Option<crate::intercept::ConnOrigin>,
+    ) -> ConnRecord {
+        ConnRecord {
+            client,
+            original_dst: origin.map_or(vip, |o| o.original_dst),
+            pid: origin.map_or(0, |o| o.pid),
+            cgroup_id: origin.map_or(0, |o| o.cgroup_id),
+            upstream: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct ConnCounts {
     pub accepted: u64,

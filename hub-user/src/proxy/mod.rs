@@ -157,14 +157,7 @@ impl Proxy {
         self.state.metrics.intercepted.inc();
         let local = tcp.local_addr().unwrap_or(peer);
         let origin = self.origins.as_ref().and_then(|o| o.lookup(peer, local));
-        let record = ConnRecord {
-            client: peer,
-            original_dst: origin.map_or(vip, |o| o.original_dst),
-            pid: origin.map_or(0, |o| o.pid),
-            cgroup_id: origin.map_or(0, |o| o.cgroup_id),
-            upstream: None,
-        };
-        (origin, Some(record))
+        (origin, Some(ConnRecord::intercepted(peer, vip, origin)))
     }
 
     /// One accepted connection: who is at the other end, the TLS handshake, then HTTP.
@@ -374,13 +367,12 @@ impl Proxy {
             })
         });
         let query = req.uri().query().unwrap_or("").to_string();
-        let header_text = |h| {
-            req.headers()
-                .get(h)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-        };
-        let accept = header_text(header::ACCEPT).to_string();
+        let accept = req
+            .headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
         let delivery = Delivery {
             streaming: info.verb == "watch"
                 || info.verb == "connect"
