@@ -14,6 +14,8 @@ pub const MAP_VIP_STATS: &str = "HUB_VIP_STATS";
 pub const MAP_SETTINGS: &str = "HUB_SETTINGS";
 pub const MAP_PENDING: &str = "HUB_PENDING";
 pub const MAP_ORIGINS: &str = "HUB_ORIGINS";
+/// Ring buffer of [`TraceEvent`]s, written only while someone traces (`Settings::trace`).
+pub const MAP_TRACE: &str = "HUB_TRACE";
 
 /// Program names as they appear in the object and in `bpftool prog`.
 pub const PROG_CONNECT4: &str = "hub_connect4";
@@ -24,6 +26,9 @@ pub const PROG_SOCK_OPS: &str = "hub_sock_ops";
 pub const MAX_VIPS: u32 = 256;
 /// Capacity of the per-connection origin tables (connections in flight at once).
 pub const MAX_ORIGINS: u32 = 65536;
+/// Size of the trace ring buffer in bytes (a power of two, a multiple of the page size):
+/// room for ~2900 events between two reads.
+pub const TRACE_RING_BYTES: u32 = 256 * 1024;
 
 /// An IP endpoint: 16-byte address (IPv4 mapped) + port.
 #[repr(C)]
@@ -80,8 +85,10 @@ pub struct VipStats {
     /// Internal errors (a map update failed); the connect was allowed through unchanged
     /// or redirected without origin information.
     pub errors: u64,
+    /// Trace events lost because the ring buffer was full (the reader fell behind).
+    pub trace_lost: u64,
 }
-const _: () = assert!(core::mem::size_of::<VipStats>() == 24);
+const _: () = assert!(core::mem::size_of::<VipStats>() == 32);
 
 /// Global settings written by user space at start (single-entry array, key 0).
 #[repr(C)]
@@ -91,8 +98,12 @@ pub struct Settings {
     pub bypass_mark: u32,
     /// Non-zero once user space has filled the maps; programs do nothing before that.
     pub enabled: u32,
+    /// Non-zero while a `hub trace` listens: connects to a VIP are then also written to
+    /// the trace ring buffer. Zero costs one branch.
+    pub trace: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Settings>() == 8);
+const _: () = assert!(core::mem::size_of::<Settings>() == 16);
 
 /// Who opened a redirected connection and where it was going.
 #[repr(C)]
@@ -116,6 +127,34 @@ pub struct FourTuple {
 }
 const _: () = assert!(core::mem::size_of::<FourTuple>() == 40);
 
+/// What the connect hook did with a connect to a VIP ([`TraceEvent::verdict`]).
+pub const VERDICT_REDIRECTED: u32 = 1;
+/// Left alone: the socket carries the bypass mark (the hub's own upstream connection).
+pub const VERDICT_BYPASSED: u32 = 2;
+/// Redirected, but the origin could not be recorded (a map was full).
+pub const VERDICT_ERROR: u32 = 3;
+
+/// One connect to a VIP, as `hub trace` shows it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct TraceEvent {
+    /// CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns).
+    pub time_ns: u64,
+    /// cgroup v2 id of the connecting task.
+    pub cgroup_id: u64,
+    /// Thread group id (the process id) of the connecting task.
+    pub pid: u32,
+    /// One of the `VERDICT_*` values.
+    pub verdict: u32,
+    /// The destination the client asked for (the VIP).
+    pub original_dst: Endpoint,
+    /// Where the connect was sent (the hub listener); zero when bypassed.
+    pub redirected_to: Endpoint,
+    /// The task's command name, NUL-padded.
+    pub comm: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<TraceEvent>() == 80);
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all types are repr(C), Copy, with explicit padding and no invalid bit patterns.
@@ -125,4 +164,5 @@ mod pod {
     unsafe impl aya::Pod for super::Settings {}
     unsafe impl aya::Pod for super::Origin {}
     unsafe impl aya::Pod for super::FourTuple {}
+    unsafe impl aya::Pod for super::TraceEvent {}
 }

@@ -6,16 +6,19 @@ use core::{
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB},
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuHashMap},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuHashMap, RingBuf},
     helpers::{
-        bpf_get_current_pid_tgid,
-        generated::{bpf_get_current_cgroup_id, bpf_get_socket_cookie},
+        bpf_get_current_comm, bpf_get_current_pid_tgid,
+        generated::{bpf_get_current_cgroup_id, bpf_get_socket_cookie, bpf_ktime_get_ns},
     },
     macros::{btf_map, cgroup_sock_addr, sock_ops},
     programs::{SockAddrContext, SockOpsContext},
 };
 use aya_log_ebpf::warn;
-use hub_ebpf::{Endpoint, FourTuple, MAX_ORIGINS, MAX_VIPS, Origin, Settings, VipStats, VipTarget};
+use hub_ebpf::{
+    Endpoint, FourTuple, MAX_ORIGINS, MAX_VIPS, Origin, Settings, TRACE_RING_BYTES, TraceEvent,
+    VERDICT_BYPASSED, VERDICT_ERROR, VERDICT_REDIRECTED, VipStats, VipTarget,
+};
 
 const ALLOW: i32 = 1;
 const SOCK_STREAM: u32 = 1;
@@ -45,11 +48,16 @@ static HUB_PENDING: LruHashMap<u64, Origin, { MAX_ORIGINS as usize }> = LruHashM
 #[btf_map]
 static HUB_ORIGINS: LruHashMap<FourTuple, Origin, { MAX_ORIGINS as usize }> = LruHashMap::new();
 
+/// Connects to a VIP, for `hub trace`; written only while `Settings::trace` is set.
+#[btf_map]
+static HUB_TRACE: RingBuf<TraceEvent, { TRACE_RING_BYTES as usize }> = RingBuf::new();
+
 #[derive(Clone, Copy)]
 enum Counter {
     Redirected,
     Bypassed,
     Errors,
+    TraceLost,
 }
 
 #[inline(always)]
@@ -65,6 +73,7 @@ fn count(vip: &Endpoint, counter: Counter) {
             Counter::Redirected => (*stats).redirected += 1,
             Counter::Bypassed => (*stats).bypassed += 1,
             Counter::Errors => (*stats).errors += 1,
+            Counter::TraceLost => (*stats).trace_lost += 1,
         }
     }
 }
@@ -112,33 +121,59 @@ fn redirect_target(ctx: &SockAddrContext, dst: &Endpoint) -> Option<Endpoint> {
     // SAFETY: plain map lookup; the value is copied out immediately.
     let target = unsafe { *HUB_VIPS.get(dst)? };
 
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // SAFETY: helper allowed in cgroup/connect programs.
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let pid = (pid_tgid >> 32) as u32;
+
     // SAFETY: ctx->sk is always a valid socket for connect hooks.
     let sk = unsafe { (*sa).__bindgen_anon_1.sk };
     if !sk.is_null() && settings.bypass_mark != 0 && unsafe { (*sk).mark } == settings.bypass_mark {
         count(dst, Counter::Bypassed);
+        if settings.trace != 0 {
+            trace(dst, &Endpoint::default(), pid, cgroup_id, VERDICT_BYPASSED);
+        }
         return None;
     }
 
-    let pid_tgid = bpf_get_current_pid_tgid();
-    // SAFETY: helpers allowed in cgroup/connect programs.
-    let (cookie, cgroup_id) = unsafe {
-        (
-            bpf_get_socket_cookie(ctx.as_ptr()),
-            bpf_get_current_cgroup_id(),
-        )
-    };
+    // SAFETY: helper allowed in cgroup/connect programs.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let origin = Origin {
         original_dst: *dst,
-        pid: (pid_tgid >> 32) as u32,
+        pid,
         cgroup_id,
     };
-    if HUB_PENDING.insert(cookie, origin, 0).is_err() {
+    let verdict = if HUB_PENDING.insert(cookie, origin, 0).is_err() {
         // Still redirect: the hub can serve the connection, it just will not know the origin.
         warn!(ctx, "hub: pending-origin map update failed");
         count(dst, Counter::Errors);
-    }
+        VERDICT_ERROR
+    } else {
+        VERDICT_REDIRECTED
+    };
     count(dst, Counter::Redirected);
+    if settings.trace != 0 {
+        trace(dst, &target.target, pid, cgroup_id, verdict);
+    }
     Some(target.target)
+}
+
+/// Writes one connect to the trace ring buffer; a full buffer is counted, never waited on.
+#[inline(always)]
+fn trace(dst: &Endpoint, to: &Endpoint, pid: u32, cgroup_id: u64, verdict: u32) {
+    let event = TraceEvent {
+        // SAFETY: helper without arguments, allowed in every program type.
+        time_ns: unsafe { bpf_ktime_get_ns() },
+        cgroup_id,
+        pid,
+        verdict,
+        original_dst: *dst,
+        redirected_to: *to,
+        comm: bpf_get_current_comm().unwrap_or_default(),
+    };
+    if HUB_TRACE.output(&event, 0).is_err() {
+        count(dst, Counter::TraceLost);
+    }
 }
 
 #[cgroup_sock_addr(connect4)]

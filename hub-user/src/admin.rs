@@ -1,9 +1,9 @@
-//! The admin port: `/healthz`, `/readyz`, `/v1/status` (JSON), and the client side used by
-//! `hub status`.
+//! The admin port: `/healthz`, `/readyz`, `/v1/status` (JSON), `/v1/trace` (a stream, for
+//! root on the node), and the client side used by `hub status`.
 use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::{Request, Response, StatusCode, body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{
@@ -18,15 +18,18 @@ use crate::{
     state::{HubState, StatusReport},
 };
 
-fn respond(code: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+/// An admin answer: whole, or a stream (`/v1/trace`).
+type AdminBody = BoxBody<Bytes, Infallible>;
+
+fn respond(code: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<AdminBody> {
     Response::builder()
         .status(code)
         .header("content-type", content_type)
-        .body(Full::new(body.into()))
+        .body(Full::new(body.into()).boxed())
         .expect("static response parts are valid")
 }
 
-fn route(state: &HubState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn route(state: &HubState, req: &Request<Incoming>) -> Response<AdminBody> {
     match req.uri().path() {
         "/healthz" | "/livez" => respond(StatusCode::OK, "text/plain", "ok"),
         "/readyz" if state.is_ready() => respond(StatusCode::OK, "text/plain", "ok"),
@@ -56,7 +59,7 @@ pub fn inspect_socket(dir: &std::path::Path) -> std::path::PathBuf {
     dir.join("inspect.sock")
 }
 
-fn inspect_route(state: &HubState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn inspect_route(state: &HubState, req: &Request<Incoming>) -> Response<AdminBody> {
     match req.uri().path() {
         "/v1/cache/ls" | "/v1/cache/get" => cache_route(state, req),
         _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found"),
@@ -91,7 +94,7 @@ pub async fn serve_inspect(
 }
 
 /// `hub cache ls|get` while the daemon runs (it holds the store's lock).
-fn cache_route(state: &HubState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn cache_route(state: &HubState, req: &Request<Incoming>) -> Response<AdminBody> {
     let Some(cache) = state.cache() else {
         return respond(
             StatusCode::NOT_FOUND,
@@ -131,7 +134,8 @@ fn cache_route(state: &HubState, req: &Request<Incoming>) -> Response<Full<Bytes
 }
 
 /// Serves the admin endpoints until `shutdown` turns true; a pod calling from its cgroup
-/// is refused (it has no business with the node agent's status).
+/// is refused (it has no business with the node agent's status), and only root on the
+/// node may trace (the trace names every process that reaches for the apiserver).
 pub async fn serve(
     listener: TcpListener,
     state: Arc<HubState>,
@@ -149,20 +153,23 @@ pub async fn serve(
         };
         let (state, pods) = (state.clone(), pods.clone());
         tokio::spawn(async move {
-            let from_pod = match stream.local_addr() {
-                Ok(local) => {
-                    tokio::task::spawn_blocking(move || Peer::of(local, peer, &pods) == Peer::Pod)
-                        .await
-                        .unwrap_or(true)
-                }
-                Err(_) => true,
+            let caller = match stream.local_addr() {
+                Ok(local) => tokio::task::spawn_blocking(move || Peer::of(local, peer, &pods))
+                    .await
+                    .unwrap_or(Peer::Pod),
+                Err(_) => Peer::Pod,
             };
-            spawn_http(stream, state, if from_pod { refused } else { route });
+            let route = match caller {
+                Peer::Pod => refused,
+                p if p.is_node_root() => route_or_trace,
+                _ => route,
+            };
+            spawn_http(stream, state, route);
         });
     }
 }
 
-fn refused(_: &HubState, _: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn refused(_: &HubState, _: &Request<Incoming>) -> Response<AdminBody> {
     respond(
         StatusCode::FORBIDDEN,
         "text/plain",
@@ -170,11 +177,73 @@ fn refused(_: &HubState, _: &Request<Incoming>) -> Response<Full<Bytes>> {
     )
 }
 
+/// Root on the node: everything, and `/v1/trace`.
+fn route_or_trace(state: &HubState, req: &Request<Incoming>) -> Response<AdminBody> {
+    if req.uri().path() != "/v1/trace" {
+        return route(state, req);
+    }
+    let Some(tracer) = state.tracer() else {
+        return respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "hub: interception is not attached, so there is nothing to trace\n",
+        );
+    };
+    let logs = crate::proxy::request::query_param(req.uri().query().unwrap_or(""), "logs")
+        .is_some_and(|v| v == "1" || v == "true");
+    Response::builder()
+        .header("content-type", "application/jsonl")
+        .body(trace_stream(tracer, logs))
+        .expect("static response parts are valid")
+}
+
+/// Trace lines as JSON, one per line, until the caller hangs up.
+fn trace_stream(tracer: &Arc<crate::intercept::trace::Tracer>, logs: bool) -> AdminBody {
+    use crate::intercept::trace::TraceLine;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    let mut lines = tracer.subscribe();
+    tokio::spawn(async move {
+        loop {
+            let line = tokio::select! {
+                line = lines.next() => line,
+                () = tx.closed() => return,
+            };
+            let Some(line) = line else { return };
+            if !logs && matches!(*line, TraceLine::Log { .. }) {
+                continue;
+            }
+            let mut json = serde_json::to_vec(&*line).expect("trace lines serialise");
+            json.push(b'\n');
+            if tx.send(Bytes::from(json)).await.is_err() {
+                return;
+            }
+        }
+    });
+    LineStream(rx).boxed()
+}
+
+/// A body fed line by line from a channel; it ends when the sender goes.
+struct LineStream(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for LineStream {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|line| line.map(|l| Ok(hyper::body::Frame::data(l))))
+    }
+}
+
 /// Serves one HTTP/1.1 connection with `route` in a task of its own.
 fn spawn_http<S>(
     stream: S,
     state: Arc<HubState>,
-    route: fn(&HubState, &Request<Incoming>) -> Response<Full<Bytes>>,
+    route: fn(&HubState, &Request<Incoming>) -> Response<AdminBody>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {

@@ -1,4 +1,4 @@
-//! The command line: `hub run | status | cache | bpf status | approver | uninstall`.
+//! The command line: `hub run | status | trace | cache | bpf status | approver | uninstall`.
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -33,6 +33,12 @@ enum Command {
         #[arg(long, short, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+    /// Stream every connect to an apiserver address live, as the eBPF connect hook sees it:
+    /// time, pid, command, pod (or cgroup), the address asked for, where it was sent and the
+    /// verdict (redirected; bypassed: the hub's own connection; error: redirected without
+    /// its origin recorded). Asks the running hub's admin port; root on the node only.
+    /// Nothing is traced while no one listens.
+    Trace(TraceArgs),
     /// Read the local cache: directly while the daemon is stopped, through its admin port
     /// while it runs.
     Cache {
@@ -68,6 +74,32 @@ enum BpfCommand {
         #[arg(long, short, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+}
+
+#[derive(Args)]
+struct TraceArgs {
+    /// Admin address of the hub.
+    #[arg(long, default_value = "127.0.0.1:10267")]
+    admin: SocketAddr,
+    /// `json`: one JSON object per line, as the hub sends them.
+    #[arg(long, short, value_enum, default_value_t = Output::Text)]
+    output: Output,
+    /// Only connects by this process id; repeatable.
+    #[arg(long)]
+    pid: Vec<u32>,
+    /// Only connects from this cgroup: an id, or a directory (which includes every cgroup
+    /// below it, e.g. /sys/fs/cgroup/kubepods.slice for all pods); repeatable.
+    #[arg(long)]
+    cgroup: Vec<crate::trace_follow::CgroupFilter>,
+    /// Only connects to this apiserver address (ip:port); repeatable.
+    #[arg(long)]
+    vip: Vec<SocketAddr>,
+    /// Also show the eBPF programs' own log messages.
+    #[arg(long)]
+    logs: bool,
+    /// Exit after this many lines (default: follow until interrupted).
+    #[arg(long)]
+    count: Option<u64>,
 }
 
 #[derive(Args)]
@@ -191,6 +223,7 @@ pub fn main() -> ExitCode {
                 Output::Text => admin::render(&report),
             })
         }),
+        Command::Trace(args) => trace(args),
         Command::Cache { command } => with_runtime(cache_command(command)),
         Command::Bpf {
             command: BpfCommand::Status { pin_path, output },
@@ -219,6 +252,35 @@ pub fn main() -> ExitCode {
                 })
                 .map_err(|e| format!("uninstall: {e}")),
         ),
+    }
+}
+
+fn trace(args: TraceArgs) -> ExitCode {
+    use crate::trace_follow::{Filter, follow};
+    let filter = Filter {
+        pids: args.pid,
+        cgroups: args.cgroup,
+        vips: args.vip,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let json = matches!(args.output, Output::Json);
+    let mut out = std::io::stdout().lock();
+    let followed = rt.block_on(follow(
+        args.admin, args.logs, &filter, json, args.count, &mut out,
+    ));
+    match followed {
+        Ok(n) if args.count.is_none_or(|want| n >= want) => ExitCode::SUCCESS,
+        Ok(_) => {
+            eprintln!("hub: the hub ended the trace (did it stop?)");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("hub: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

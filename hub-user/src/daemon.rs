@@ -417,6 +417,7 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
             }
         }
         icpt.set_enabled(true)?;
+        state.set_tracer(icpt.tracer().clone());
         state.set_intercept(InterceptState::Attached);
         // Clients that connected while the hub was not running still hold connections
         // straight to the apiserver: end them, so they connect again through the hub.

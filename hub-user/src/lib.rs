@@ -17,6 +17,7 @@ pub mod proxy;
 pub mod relay;
 pub mod route;
 pub mod state;
+pub mod trace_follow;
 pub mod upstream;
 pub mod x509;
 

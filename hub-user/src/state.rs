@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     cache::{Cache, CacheStatus},
     coordinator::pool::{Pool, PoolStatus},
+    intercept::trace::Tracer,
     metrics::Metrics,
     route::Route,
     upstream::{Cloud, cloud::ServerStatus},
@@ -167,6 +168,7 @@ pub struct HubState {
     bytes_from_cloud: AtomicU64,
     recent: Mutex<VecDeque<ConnRecord>>,
     bypass: OnceLock<BypassWatch>,
+    tracer: OnceLock<Arc<Tracer>>,
 }
 
 /// Decrements the active count when a connection ends, however it ends.
@@ -200,7 +202,17 @@ impl HubState {
             bytes_from_cloud: AtomicU64::new(0),
             recent: Mutex::new(VecDeque::with_capacity(RECENT)),
             bypass: OnceLock::new(),
+            tracer: OnceLock::new(),
         }
+    }
+
+    /// Where `hub trace` listens, once the eBPF programs are attached.
+    pub fn set_tracer(&self, tracer: Arc<Tracer>) {
+        let _ = self.tracer.set(tracer);
+    }
+
+    pub fn tracer(&self) -> Option<&Arc<Tracer>> {
+        self.tracer.get()
     }
 
     pub fn set_cloud(&self, cloud: Arc<Cloud>) {

@@ -69,6 +69,27 @@ pub fn rfc3339_to_unix(s: &str) -> Option<u64> {
     der_time(0x18, format!("{digits}Z").as_bytes())
 }
 
+/// Unix seconds to RFC 3339 in UTC (`2026-12-03T10:00:00Z`).
+pub fn unix_to_rfc3339(secs: i64) -> String {
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // civil_from_days (Howard Hinnant)
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 /// UTCTime (YYMMDDHHMMSSZ) or GeneralizedTime (YYYYMMDDHHMMSSZ) to Unix seconds.
 fn der_time(tag: u8, v: &[u8]) -> Option<u64> {
     let s = std::str::from_utf8(v).ok()?.strip_suffix('Z')?;
@@ -124,6 +145,15 @@ mod tests {
         );
         assert_eq!(super::der_time(0x17, b"261130005320Z"), Some(1_796_000_000));
         assert_eq!(super::der_time(0x17, b"bogus"), None);
+    }
+
+    #[test]
+    fn unix_times_round_trip_through_rfc3339() {
+        for secs in [0, 951_782_400, 1_796_000_000, 4_102_444_799] {
+            let text = super::unix_to_rfc3339(secs);
+            assert_eq!(super::rfc3339_to_unix(&text), Some(secs as u64), "{text}");
+        }
+        assert_eq!(super::unix_to_rfc3339(951_782_400), "2000-02-29T00:00:00Z");
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::{
     os::unix::process::CommandExt,
     path::Path,
     process::{Child, Command, Stdio},
-    sync::mpsc,
+    sync::{Arc, Mutex, mpsc},
     time::{Duration, Instant},
 };
 
@@ -62,6 +62,22 @@ impl Proc {
         rx.recv_timeout(timeout)
             .unwrap_or_else(|_| panic!("{what} did not print {:?} within {timeout:?}", "ready"));
         p
+    }
+
+    /// Spawns with stdout piped; every line it prints lands in the returned list as it
+    /// comes.
+    pub fn spawn_collecting(mut cmd: Command, what: &str) -> (Self, Arc<Mutex<Vec<String>>>) {
+        cmd.stdout(Stdio::piped());
+        let mut p = Proc::spawn(cmd, what);
+        let stdout = p.child.as_mut().unwrap().stdout.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        (p, lines)
     }
 
     pub fn pid(&self) -> u32 {

@@ -157,6 +157,145 @@ fn hub_own_connections_are_not_redirected() {
     assert!(row["bypassed"].as_u64().unwrap() >= 3, "{bpf}");
 }
 
+/// `hub trace` shows each connect a test makes, with the pid, command, cgroup, VIP, hub
+/// listener and verdict the kernel saw: the client's connects as redirected, the hub's own
+/// upstream connects (the VIP is the cloud address here) as bypassed. The programs write
+/// to the trace buffer only while someone listens, and none of them prints to the
+/// kernel's trace pipe.
+#[test]
+fn trace_lines_match_the_connections_made() {
+    if !privileged::check("trace_lines_match_the_connections_made") {
+        return;
+    }
+    let ns = Netns::new("t");
+    let cg = Cgroup::new("t");
+    let _up = upstream(&ns, &[UPSTREAM]);
+    let hub = HubProc::start(&ns, &spec(&cg, &[UPSTREAM]), Some(&cg.procs_file()));
+    let hub_pid = hub.proc.pid() as u64;
+    assert_eq!(
+        hub.bpf_status()["tracing"],
+        false,
+        "traced with no listener"
+    );
+
+    let (mut tracing, lines) = process::Proc::spawn_collecting(
+        hub.cli(&["trace", "--admin", "127.0.0.1:10267", "--output", "json"]),
+        "hub trace",
+    );
+    wait_for(
+        "the trace to switch tracing on",
+        Duration::from_secs(10),
+        || (hub.bpf_status()["tracing"] == true).then_some(()),
+    );
+
+    let r = connect(&ns, UPSTREAM, 3, 1, Some(&cg));
+    assert_eq!(
+        (r["ok"].as_u64(), r["via_hub"].as_u64()),
+        (Some(3), Some(3)),
+        "{r}"
+    );
+    let client_pid = r["pid"].as_u64().unwrap();
+    let parsed = || -> Vec<Value> {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+            .collect()
+    };
+    let by = |pid: u64| -> Vec<Value> {
+        parsed()
+            .into_iter()
+            .filter(|l| l["pid"].as_u64() == Some(pid))
+            .collect()
+    };
+    wait_for(
+        "the client's and the hub's connects in the trace",
+        Duration::from_secs(10),
+        || (by(client_pid).len() >= 3 && by(hub_pid).len() >= 3).then_some(()),
+    );
+
+    let listener = hub.status()["vips"][0]["listener"]
+        .as_str()
+        .expect("the VIP's listener")
+        .to_string();
+    let client = by(client_pid);
+    assert_eq!(client.len(), 3, "one line per connect: {client:?}");
+    for l in &client {
+        assert_eq!(l["kind"], "connect", "{l}");
+        assert_eq!(l["verdict"], "redirected", "{l}");
+        assert_eq!(l["originalDst"], UPSTREAM, "{l}");
+        assert_eq!(l["redirectedTo"], listener.as_str(), "{l}");
+        assert_eq!(l["comm"], "hub-probe", "{l}");
+        assert_eq!(l["cgroupId"].as_u64(), Some(cg.id()), "{l}");
+        assert_eq!(l["cgroup"], cg.path().display().to_string(), "{l}");
+        assert!(l["time"].as_str().unwrap().ends_with('Z'), "{l}");
+    }
+    // The hub relays each client connection over a connection of its own, which the
+    // programs must leave alone; its cloud probes are bypassed too.
+    for l in by(hub_pid) {
+        assert_eq!(l["verdict"], "bypassed", "{l}");
+        assert_eq!(l["originalDst"], UPSTREAM, "{l}");
+        assert_eq!(l["redirectedTo"], Value::Null, "{l}");
+        assert_eq!(l["comm"], "hub", "{l}");
+    }
+    // Only the client and the hub are in the cgroup: nothing else is traced.
+    for l in parsed() {
+        let pid = l["pid"].as_u64();
+        assert!(pid == Some(client_pid) || pid == Some(hub_pid), "{l}");
+    }
+
+    // Filters and the text form: only this pid, one line.
+    let text = std::thread::scope(|s| {
+        let one = s.spawn(|| {
+            let mut c = hub.cli(&["trace", "--admin", "127.0.0.1:10267", "--vip", UPSTREAM]);
+            c.args(["--count", "1", "--cgroup"]).arg(cg.path());
+            process::output(c, "hub trace --count 1")
+        });
+        let mut next = None;
+        wait_for("a text trace's connect", Duration::from_secs(20), || {
+            if one.is_finished() {
+                return Some(());
+            }
+            next = Some(connect(&ns, UPSTREAM, 1, 1, Some(&cg)));
+            std::thread::sleep(Duration::from_millis(100));
+            None
+        });
+        one.join().unwrap()
+    });
+    let text_line = text.lines().next().unwrap_or_default();
+    assert!(
+        text_line.contains(&format!("{UPSTREAM} -> ")) && text_line.contains("hub-probe"),
+        "{text}"
+    );
+    assert!(text_line.ends_with(" redirected"), "{text}");
+
+    tracing.kill9();
+    wait_for(
+        "tracing to switch off once no one listens",
+        Duration::from_secs(10),
+        || (hub.bpf_status()["tracing"] == false).then_some(()),
+    );
+    let bpf = hub.bpf_status();
+    assert_eq!(bpf["vips"][0]["trace_lost"], 0, "{bpf}");
+
+    // Nothing in the programs writes to the kernel's trace pipe (bpf_trace_printk), which
+    // `bpftool prog tracelog` would show.
+    for prog in bpf["programs"].as_array().unwrap() {
+        let id = prog["id"].as_u64().unwrap().to_string();
+        let mut c = Command::new("bpftool");
+        c.args(["prog", "dump", "xlated", "id", &id]);
+        let code = process::output(c, "bpftool prog dump xlated");
+        assert!(!code.contains("trace_printk"), "{}: {code}", prog["name"]);
+        if prog["name"] == "hub_connect4" {
+            assert!(
+                code.contains("ringbuf_output"),
+                "the connect hook traces: {code}"
+            );
+        }
+    }
+}
+
 /// e: kill -9 of the hub: within 1 s new connections reach the upstream directly, and
 /// nothing of the hub stays attached to the cgroup.
 #[test]

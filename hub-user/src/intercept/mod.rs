@@ -13,22 +13,23 @@ pub mod origin;
 pub mod sock_diag;
 pub mod status;
 mod sys;
+pub mod trace;
 
 use std::{
     fs::File,
     net::SocketAddr,
     path::{Path, PathBuf},
-    sync::Mutex,
+    sync::{Arc, Mutex},
 };
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuHashMap, PerCpuValues},
+    maps::{Array, HashMap, MapData, PerCpuHashMap, PerCpuValues, RingBuf},
     programs::{CgroupAttachMode, CgroupSockAddr, SockOps},
 };
 use hub_ebpf::{
-    Endpoint, FourTuple, MAP_ORIGINS, MAP_PENDING, MAP_SETTINGS, MAP_VIP_STATS, MAP_VIPS, Origin,
-    PROG_CONNECT4, PROG_CONNECT6, PROG_SOCK_OPS, Settings, VipStats, VipTarget,
+    Endpoint, FourTuple, MAP_ORIGINS, MAP_PENDING, MAP_SETTINGS, MAP_TRACE, MAP_VIP_STATS,
+    MAP_VIPS, Origin, PROG_CONNECT4, PROG_CONNECT6, PROG_SOCK_OPS, Settings, VipStats, VipTarget,
 };
 pub use origin::{ConnOrigin, OriginLookup};
 pub use status::{BpfStatus, read_status, uninstall};
@@ -106,13 +107,32 @@ pub struct Interceptor {
     // Field order matters on drop: maps and programs (with their links) go with `ebpf`.
     vips: Mutex<HashMap<MapData, Endpoint, VipTarget>>,
     stats: Mutex<PerCpuHashMap<MapData, Endpoint, VipStats>>,
-    settings: Mutex<Array<MapData, Settings>>,
+    settings: Arc<SettingsMap>,
     origins: HashMap<MapData, FourTuple, Origin>,
+    tracer: Arc<trace::Tracer>,
+    trace_reader: Option<tokio::task::JoinHandle<()>>,
     /// Owns the programs and their links: dropping it detaches everything.
     _ebpf: Ebpf,
     pin_dir: PathBuf,
     cgroup: PathBuf,
-    bypass_mark: u32,
+}
+
+/// The programs' settings: written whole whenever one switch changes.
+struct SettingsMap {
+    map: Mutex<(Array<MapData, Settings>, Settings)>,
+}
+
+impl SettingsMap {
+    fn update(&self, change: impl FnOnce(&mut Settings)) -> Result<(), InterceptError> {
+        let mut guard = self.map.lock().unwrap();
+        let (map, settings) = &mut *guard;
+        change(settings);
+        map.set(0, *settings, 0)
+            .map_err(|source| InterceptError::Map {
+                name: MAP_SETTINGS,
+                source,
+            })
+    }
 }
 
 impl Interceptor {
@@ -124,9 +144,6 @@ impl Interceptor {
         std::fs::create_dir_all(pin_dir).map_err(io_err(pin_dir))?;
 
         let mut ebpf = EbpfLoader::new().load(EBPF_OBJECT)?;
-        if let Err(e) = aya_log::EbpfLogger::init(&mut ebpf).map(spawn_log_bridge) {
-            tracing::warn!("eBPF log bridge unavailable: {e}");
-        }
         for name in PINNED_MAPS {
             let map = ebpf.map(name).ok_or(InterceptError::Missing(name))?;
             map.pin(pin_dir.join(name))
@@ -143,6 +160,34 @@ impl Interceptor {
             Array::try_from(take(&mut ebpf, MAP_SETTINGS)?).map_err(map_err(MAP_SETTINGS))?;
         let origins =
             HashMap::try_from(take(&mut ebpf, MAP_ORIGINS)?).map_err(map_err(MAP_ORIGINS))?;
+        let ring = RingBuf::try_from(take(&mut ebpf, MAP_TRACE)?).map_err(map_err(MAP_TRACE))?;
+        let settings = Arc::new(SettingsMap {
+            map: Mutex::new((
+                settings,
+                Settings {
+                    bypass_mark,
+                    ..Settings::default()
+                },
+            )),
+        });
+        let switch = settings.clone();
+        let tracer = Arc::new(trace::Tracer::new(
+            cgroup,
+            Box::new(move |on| {
+                if let Err(e) = switch.update(|s| s.trace = u32::from(on)) {
+                    tracing::warn!(
+                        "cannot switch tracing {}: {e}",
+                        if on { "on" } else { "off" }
+                    );
+                }
+            }),
+        ));
+        let trace_reader = trace::spawn_reader(ring, tracer.clone());
+        let logs = trace::LogTee(tracer.clone());
+        if let Err(e) = aya_log::EbpfLogger::init_with_logger(&mut ebpf, logs).map(spawn_log_bridge)
+        {
+            tracing::warn!("eBPF log bridge unavailable: {e}");
+        }
 
         let cgroup_file = File::open(cgroup).map_err(io_err(cgroup))?;
         for name in [PROG_CONNECT4, PROG_CONNECT6] {
@@ -182,12 +227,13 @@ impl Interceptor {
         Ok(Interceptor {
             vips: Mutex::new(vips),
             stats: Mutex::new(stats),
-            settings: Mutex::new(settings),
+            settings,
             origins,
+            tracer,
+            trace_reader,
             _ebpf: ebpf,
             pin_dir: pin_dir.to_owned(),
             cgroup: cgroup.to_owned(),
-            bypass_mark,
         })
     }
 
@@ -236,18 +282,12 @@ impl Interceptor {
 
     /// Turns the programs on (or off) by writing the settings map.
     pub fn set_enabled(&self, enabled: bool) -> Result<(), InterceptError> {
-        let settings = Settings {
-            bypass_mark: self.bypass_mark,
-            enabled: u32::from(enabled),
-        };
-        self.settings
-            .lock()
-            .unwrap()
-            .set(0, settings, 0)
-            .map_err(|source| InterceptError::Map {
-                name: MAP_SETTINGS,
-                source,
-            })
+        self.settings.update(|s| s.enabled = u32::from(enabled))
+    }
+
+    /// Where `hub trace` listens.
+    pub fn tracer(&self) -> &Arc<trace::Tracer> {
+        &self.tracer
     }
 }
 
@@ -268,6 +308,9 @@ impl OriginLookup for Interceptor {
 impl Drop for Interceptor {
     fn drop(&mut self) {
         let _ = self.set_enabled(false);
+        if let Some(reader) = &self.trace_reader {
+            reader.abort();
+        }
         remove_pins(&self.pin_dir);
         tracing::info!(cgroup = %self.cgroup.display(), "eBPF programs detached, pins removed");
     }
@@ -285,8 +328,9 @@ pub(crate) fn remove_pins(pin_dir: &Path) {
     let _ = std::fs::remove_dir(pin_dir);
 }
 
-/// Forwards aya-log records from the programs to `log`, which tracing picks up.
-fn spawn_log_bridge(logger: aya_log::EbpfLogger<&'static dyn log::Log>) {
+/// Forwards aya-log records from the programs to `log` (which tracing picks up) and to
+/// `hub trace --logs`.
+fn spawn_log_bridge(logger: aya_log::EbpfLogger<trace::LogTee>) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
     };

@@ -20,6 +20,9 @@ pub struct BpfStatus {
     /// False when nothing is pinned there (no hub running, or uninstalled).
     pub pinned: bool,
     pub enabled: bool,
+    /// A `hub trace` is listening: connects to VIPs are written to the trace ring buffer.
+    #[serde(default)]
+    pub tracing: bool,
     pub bypass_mark: u32,
     pub vips: Vec<VipRow>,
     /// Redirected connections currently open (origin entries).
@@ -37,6 +40,9 @@ pub struct VipRow {
     pub redirected: u64,
     pub bypassed: u64,
     pub errors: u64,
+    /// Trace events lost because `hub trace` fell behind.
+    #[serde(default)]
+    pub trace_lost: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -90,6 +96,7 @@ pub fn read_status(pin_dir: &Path) -> Result<BpfStatus, StatusError> {
         Array::try_from(open(pin_dir, MAP_SETTINGS)?).map_err(bad(MAP_SETTINGS))?;
     let s = settings.get(&0, 0).map_err(bad(MAP_SETTINGS))?;
     status.enabled = s.enabled != 0;
+    status.tracing = s.trace != 0;
     status.bypass_mark = s.bypass_mark;
 
     let vips: HashMap<_, Endpoint, VipTarget> =
@@ -104,12 +111,14 @@ pub fn read_status(pin_dir: &Path) -> Result<BpfStatus, StatusError> {
             redirected: 0,
             bypassed: 0,
             errors: 0,
+            trace_lost: 0,
         };
         if let Ok(per_cpu) = stats.get(&key, 0) {
             for c in per_cpu.iter() {
                 row.redirected += c.redirected;
                 row.bypassed += c.bypassed;
                 row.errors += c.errors;
+                row.trace_lost += c.trace_lost;
             }
         }
         status.vips.push(row);
@@ -215,12 +224,13 @@ pub fn render(status: &BpfStatus) -> String {
     }
     let _ = writeln!(
         out,
-        "interception: {} (pins {}, bypass mark {:#x})",
+        "interception: {}{} (pins {}, bypass mark {:#x})",
         if status.enabled {
             "enabled"
         } else {
             "disabled"
         },
+        if status.tracing { ", traced" } else { "" },
         status.pin_dir,
         status.bypass_mark
     );
@@ -237,14 +247,14 @@ pub fn render(status: &BpfStatus) -> String {
     }
     let _ = writeln!(
         out,
-        "{:<40} {:<40} {:>10} {:>9} {:>7}",
-        "VIP", "HUB LISTENER", "REDIRECTED", "BYPASSED", "ERRORS"
+        "{:<40} {:<40} {:>10} {:>9} {:>7} {:>10}",
+        "VIP", "HUB LISTENER", "REDIRECTED", "BYPASSED", "ERRORS", "TRACE LOST"
     );
     for v in &status.vips {
         let _ = writeln!(
             out,
-            "{:<40} {:<40} {:>10} {:>9} {:>7}",
-            v.vip, v.target, v.redirected, v.bypassed, v.errors
+            "{:<40} {:<40} {:>10} {:>9} {:>7} {:>10}",
+            v.vip, v.target, v.redirected, v.bypassed, v.errors, v.trace_lost
         );
     }
     let _ = writeln!(
