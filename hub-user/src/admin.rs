@@ -367,7 +367,11 @@ pub fn render(s: &StatusReport) -> String {
         crate::state::InterceptState::Unavailable(why) => format!("unavailable: {why}"),
         other => format!("{other:?}").to_lowercase(),
     };
-    let _ = writeln!(out, "node:         {} (hub {})", s.node_name, s.version);
+    let _ = writeln!(
+        out,
+        "node:         {} (hub {}, pid {})",
+        s.node_name, s.version, s.pid
+    );
     let _ = writeln!(out, "ready:        {}", if s.ready { "yes" } else { "no" });
     let _ = writeln!(
         out,

@@ -1,9 +1,10 @@
-//! The command line: `hub run | status | trace | cache | bpf status | approver | uninstall`.
+//! The command line: `hub run | status | trace | cache | bpf status | install | approver |
+//! uninstall`.
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{admin, config::Config, daemon, intercept};
+use crate::{admin, config::Config, daemon, intercept, owner};
 
 #[derive(Parser)]
 #[command(
@@ -50,6 +51,11 @@ enum Command {
         #[command(subcommand)]
         command: BpfCommand,
     },
+    /// Put a copy of the hub on the host, so a node that reboots with no cloud still has its
+    /// hub: the binary and configuration into the state directory, a systemd unit (started
+    /// at boot, before the kubelet) into the host's unit directory. The copy serves only
+    /// while no DaemonSet hub does. Run by the DaemonSet's init container.
+    Install(InstallArgs),
     /// Run in the cloud: approve nodes' kubelet-serving CSRs whose every name and address
     /// is one that node's hub needs (its Node addresses, the hub addresses, the apiserver's
     /// in-cluster names, the kubernetes Service IPs and VIPs); deny the rest with the reason
@@ -74,6 +80,26 @@ enum BpfCommand {
         #[arg(long, short, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+}
+
+#[derive(Args)]
+struct InstallArgs {
+    /// The configuration to install (its nodeName and the in-cluster Service VIP are
+    /// written into the copy). Not needed with --uninstall.
+    #[arg(long, short, required_unless_present = "uninstall")]
+    config: Option<PathBuf>,
+    /// The node's name (e.g. from the downward API).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// The host's systemd unit directory, as this process sees it.
+    #[arg(long, default_value = "/etc/systemd/system")]
+    unit_dir: PathBuf,
+    /// The state directory (cache.dir) for --uninstall; an install uses the config's.
+    #[arg(long, default_value = "/var/lib/hub")]
+    dir: PathBuf,
+    /// Remove the unit, the binary and the installed configuration (the cache stays).
+    #[arg(long)]
+    uninstall: bool,
 }
 
 #[derive(Args)]
@@ -196,6 +222,11 @@ struct RunArgs {
     /// Turn interception off (intercept.enabled: false).
     #[arg(long)]
     no_intercept: bool,
+    /// This is the copy `hub install` put on the host (systemd starts it at boot, before the
+    /// kubelet): serve only while no DaemonSet hub claims the node, hand over when one
+    /// starts, stand by until it stops.
+    #[arg(long)]
+    host_instance: bool,
     /// Only parse and validate the configuration, print `config ok` and exit.
     #[arg(long)]
     check: bool,
@@ -235,6 +266,7 @@ pub fn main() -> ExitCode {
                     Output::Text => intercept::status::render(&s),
                 }),
         ),
+        Command::Install(args) => print_result(install(args)),
         Command::Approver(args) => {
             init_tracing("info");
             with_runtime(approver(args))
@@ -253,6 +285,32 @@ pub fn main() -> ExitCode {
                 .map_err(|e| format!("uninstall: {e}")),
         ),
     }
+}
+
+fn install(args: InstallArgs) -> Result<String, String> {
+    use crate::install::{Target, install, uninstall};
+    let Some(config) = args.config.filter(|_| !args.uninstall) else {
+        return uninstall(&Target {
+            state_dir: args.dir,
+            unit_dir: args.unit_dir,
+        });
+    };
+    let state_dir = Config::load(&config)
+        .map_err(|e| format!("invalid config: {e}"))?
+        .cache
+        .dir;
+    let vips: Vec<SocketAddr> = intercept::discover::service_from_env()
+        .into_iter()
+        .collect();
+    install(
+        &config,
+        args.node_name.as_deref(),
+        &vips,
+        &Target {
+            state_dir,
+            unit_dir: args.unit_dir,
+        },
+    )
 }
 
 fn trace(args: TraceArgs) -> ExitCode {
@@ -468,16 +526,50 @@ fn run(args: RunArgs) -> ExitCode {
     // through the hub 1.33x direct with one worker vs 1.60x with two — and a current-thread
     // runtime, with no worker handoff at all, cost 7 % less CPU per GET than one worker
     // (one run, both builds in the same rounds).
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    match rt.block_on(daemon::run(Arc::new(config))) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            eprintln!("hub: {e}");
-            ExitCode::FAILURE
+    let config = Arc::new(config);
+    let instance = if args.host_instance {
+        owner::Instance::Host
+    } else {
+        owner::Instance::Pod
+    };
+    loop {
+        let waiting = |what: &str| tracing::info!("waiting for {what}");
+        let ownership = match owner::acquire(&config.cache.dir, instance, waiting) {
+            Ok(Some(o)) => o,
+            Ok(None) => {
+                tracing::info!(
+                    "the installed hub binary was replaced: exiting for the new one to start"
+                );
+                return ExitCode::SUCCESS;
+            }
+            Err(e) => {
+                eprintln!("hub: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let dir = config.cache.dir.clone();
+        let handover = async move {
+            match instance {
+                owner::Instance::Host => owner::until_claimed(dir).await,
+                owner::Instance::Pod => std::future::pending().await,
+            }
+        };
+        let result = rt.block_on(daemon::run(config.clone(), handover));
+        // Every task (and what it holds of the cache) goes before the node is let go.
+        drop(rt);
+        drop(ownership);
+        match result {
+            Ok(daemon::Stopped::Signal) => return ExitCode::SUCCESS,
+            Ok(daemon::Stopped::HandedOver) => continue,
+            Err(e) => {
+                tracing::error!("{e}");
+                eprintln!("hub: {e}");
+                return ExitCode::FAILURE;
+            }
         }
     }
 }

@@ -239,7 +239,20 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, DaemonError> {
         .map_err(|source| DaemonError::Listen { addr, source })
 }
 
-pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
+/// Why the daemon stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// SIGTERM or SIGINT.
+    Signal,
+    /// `handover` resolved: another copy of the hub takes the node (see `owner`).
+    HandedOver,
+}
+
+/// Serves until a signal, or until `handover` resolves.
+pub async fn run(
+    config: Arc<Config>,
+    handover: impl Future<Output = ()>,
+) -> Result<Stopped, DaemonError> {
     let state = Arc::new(HubState::new(&config.node_name));
     let (stop_tx, stop_rx) = watch::channel(false);
     let cloud = Arc::new(cloud_from_config(&config)?);
@@ -468,8 +481,14 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
     state.set_ready(true);
     tracing::info!(node = %config.node_name, vips = vips.len(), "hub ready");
 
-    wait_for_signal().await;
-    tracing::info!("shutting down");
+    let stopped = tokio::select! {
+        () = wait_for_signal() => Stopped::Signal,
+        () = handover => Stopped::HandedOver,
+    };
+    match stopped {
+        Stopped::Signal => tracing::info!("shutting down"),
+        Stopped::HandedOver => tracing::info!("handing the node over to the DaemonSet's hub"),
+    }
     state.set_ready(false);
     // Stop redirecting before the listeners close, so no new connect lands on a dead port.
     if let Some(icpt) = &interceptor {
@@ -487,7 +506,7 @@ pub async fn run(config: Arc<Config>) -> Result<(), DaemonError> {
     if let Some(c) = &cache {
         c.close();
     }
-    Ok(())
+    Ok(stopped)
 }
 
 async fn wait_for_signal() {

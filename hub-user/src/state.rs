@@ -98,6 +98,9 @@ pub struct RouteCounts {
 pub struct StatusReport {
     pub node_name: String,
     pub version: String,
+    /// The answering process (a node may run a DaemonSet copy and a host copy in turn).
+    #[serde(default)]
+    pub pid: u32,
     pub ready: bool,
     pub ebpf_object: String,
     pub intercept: InterceptState,
@@ -340,6 +343,7 @@ impl HubState {
         StatusReport {
             node_name: self.node_name.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
+            pid: std::process::id(),
             ready: self.is_ready(),
             ebpf_object: crate::EBPF_OBJECT_SOURCE.to_string(),
             intercept: self.intercept.lock().unwrap().clone(),

@@ -28,12 +28,81 @@ pub fn run(what: &str, rounds: usize, output: Output) -> Result<()> {
 
 /// connect() and connect()+first byte through the eBPF redirect and the hub's relay, vs
 /// direct to the same upstream from the same cgroup (so both pay the connect4 hook).
+/// Connect and first-byte latency through the eBPF redirect and the hub's relay, as ratios
+/// against a direct connection in the same interleaved rounds: untraced (the connect hook's
+/// cost with no one listening), with a `hub trace` listening, and, with
+/// `HUB_BENCH_OTHER=path/to/hub`, another build in the same run.
 fn intercept(rounds: usize) -> Result<()> {
     let ns = Netns::new("bi");
     let cg = Cgroup::new("bench");
     let _up = upstream(&ns, &["127.0.0.1:18443"]);
+    println!("bench intercept: {rounds} interleaved rounds per case, loopback, release build");
+    let mut cases = vec![("untraced", None), ("traced", None)];
+    if let Some(other) = std::env::var_os("HUB_BENCH_OTHER") {
+        cases.push(("HUB_BENCH_OTHER", Some(other)));
+    }
+    for (case, bin) in cases {
+        let hub = start_intercepting_hub(&ns, &cg, bin.as_deref());
+        // `hub trace` in the hub's namespace, its lines thrown away: the full cost of a
+        // listener (ring buffer, fan-out, JSON) without a terminal in the way.
+        let _trace = (case == "traced").then(|| {
+            let mut c = hub.cli(&["trace", "--admin", "127.0.0.1:10267", "--output", "json"]);
+            c.stdout(std::process::Stdio::null());
+            process::Proc::spawn(c, "hub trace")
+        });
+        if case == "traced" {
+            hub_tests::wait_for("tracing on", std::time::Duration::from_secs(10), || {
+                (hub.bpf_status()["tracing"] == true).then_some(())
+            });
+        }
+        let mut cmd = ns.command(probe_bin());
+        cmd.args([
+            "bench",
+            "--via",
+            "127.0.10.1:443",
+            "--direct",
+            "127.0.0.1:18443",
+        ])
+        .args(["--rounds", &rounds.to_string()])
+        .arg("--cgroup")
+        .arg(cg.path());
+        let r: Value = serde_json::from_str(&process::output(cmd, "hub-probe bench"))?;
+        println!("\n{case}");
+        println!(
+            "{:<24} {:>10} {:>10} {:>8} {:>10}",
+            "metric (µs)", "direct", "via hub", "ratio", "extra µs"
+        );
+        for phase in ["connect", "first_byte"] {
+            for q in ["p50", "p90", "p99", "mean"] {
+                let d = r["direct"][phase][q].as_f64().unwrap_or(f64::NAN);
+                let v = r["via_hub"][phase][q].as_f64().unwrap_or(f64::NAN);
+                println!(
+                    "{:<24} {:>10.1} {:>10.1} {:>7.2}x {:>10.1}",
+                    format!("{phase} {q}"),
+                    d,
+                    v,
+                    v / d,
+                    v - d
+                );
+            }
+        }
+        if let Some(kib) = rss_kib(hub.proc.pid()) {
+            println!("hub RSS after the run: {:.1} MiB", kib as f64 / 1024.0);
+        }
+    }
+    Ok(())
+}
+
+/// A hub intercepting 127.0.10.1:443 for `cg`, relaying to the upstream; `bin` another
+/// build of the hub than the one under test.
+fn start_intercepting_hub(ns: &Netns, cg: &Cgroup, bin: Option<&std::ffi::OsStr>) -> HubProc {
+    let own = std::env::var_os("HUB_BIN");
+    if let Some(bin) = bin {
+        // SAFETY: single-threaded here; the fixture reads HUB_BIN when it starts a hub.
+        unsafe { std::env::set_var("HUB_BIN", bin) };
+    }
     let hub = HubProc::start(
-        &ns,
+        ns,
         &HubSpec {
             cloud: &["http://127.0.0.1:18443"],
             vips: &["127.0.10.1:443"],
@@ -44,42 +113,12 @@ fn intercept(rounds: usize) -> Result<()> {
         },
         None,
     );
-    let mut cmd = ns.command(probe_bin());
-    cmd.args([
-        "bench",
-        "--via",
-        "127.0.10.1:443",
-        "--direct",
-        "127.0.0.1:18443",
-    ])
-    .args(["--rounds", &rounds.to_string()])
-    .arg("--cgroup")
-    .arg(cg.path());
-    let r: Value = serde_json::from_str(&process::output(cmd, "hub-probe bench"))?;
-    let rss_kib = rss_kib(hub.proc.pid());
-    println!("bench intercept: {rounds} interleaved rounds, loopback, release build");
-    println!(
-        "{:<24} {:>10} {:>10} {:>8} {:>10}",
-        "metric (µs)", "direct", "via hub", "ratio", "extra µs"
-    );
-    for phase in ["connect", "first_byte"] {
-        for q in ["p50", "p90", "p99", "mean"] {
-            let d = r["direct"][phase][q].as_f64().unwrap_or(f64::NAN);
-            let v = r["via_hub"][phase][q].as_f64().unwrap_or(f64::NAN);
-            println!(
-                "{:<24} {:>10.1} {:>10.1} {:>7.2}x {:>10.1}",
-                format!("{phase} {q}"),
-                d,
-                v,
-                v / d,
-                v - d
-            );
-        }
+    match own {
+        // SAFETY: as above.
+        Some(own) => unsafe { std::env::set_var("HUB_BIN", own) },
+        None => unsafe { std::env::remove_var("HUB_BIN") },
     }
-    if let Some(kib) = rss_kib {
-        println!("hub RSS after the run: {:.1} MiB", kib as f64 / 1024.0);
-    }
-    Ok(())
+    hub
 }
 
 /// The client component the benchmarks speak as; hubs cache it, so answers through the hub

@@ -1,0 +1,298 @@
+//! `hub install`: put a copy of the hub on the host, for boots with no cloud.
+//!
+//! After a reboot with the cloud unreachable the kubelet cannot learn its pods, so it
+//! never starts the DaemonSet's hub. The DaemonSet's init container therefore installs the
+//! hub as a systemd unit: the binary and its configuration go into the state directory
+//! (a hostPath both copies share) and the unit into the host's systemd directory, enabled
+//! for boot and ordered before the kubelet. It runs `hub run --host-instance`, which serves
+//! only while no DaemonSet hub claims the node (see `owner`). A systemd unit rather than a
+//! static pod: it needs neither the kubelet nor the container runtime nor a cached image
+//! to start, and works whatever the kubelet's staticPodPath is.
+use std::path::{Path, PathBuf};
+
+use crate::config::Config;
+
+/// The unit's name under the systemd directory.
+pub const UNIT: &str = "hub.service";
+
+/// Where an installation goes.
+pub struct Target {
+    /// The state directory (cache.dir), the same path on the host and in the pod.
+    pub state_dir: PathBuf,
+    /// The host's systemd unit directory, as this process sees it (an init container
+    /// mounts the host's /etc/systemd/system somewhere of its own).
+    pub unit_dir: PathBuf,
+}
+
+impl Target {
+    pub fn binary(&self) -> PathBuf {
+        self.state_dir.join("bin/hub")
+    }
+
+    pub fn config(&self) -> PathBuf {
+        self.state_dir.join("hub.yaml")
+    }
+
+    fn unit(&self) -> PathBuf {
+        self.unit_dir.join(UNIT)
+    }
+
+    fn enabled_link(&self) -> PathBuf {
+        self.unit_dir.join("multi-user.target.wants").join(UNIT)
+    }
+}
+
+/// The unit text: started at boot before the kubelet, restarted whenever it exits.
+pub fn unit_text(target: &Target) -> String {
+    format!(
+        "# Installed by `hub install` (the hub DaemonSet's init container); removed by
+# `hub install --uninstall`. Serves the node only while the DaemonSet's hub does not.
+[Unit]
+Description=hub: the node's apiserver proxy and cache (host copy, for boots with no cloud)
+After=network.target
+Before=kubelet.service
+
+[Service]
+ExecStart={} run --config {} --host-instance
+Restart=always
+RestartSec=2
+
+[Install]
+WantedBy=multi-user.target
+",
+        target.binary().display(),
+        target.config().display()
+    )
+}
+
+/// Installs this binary, `config` (with `node_name` and `extra_vips` written into it) and
+/// the unit. Safe to run again: every file is replaced whole.
+pub fn install(
+    config: &Path,
+    node_name: Option<&str>,
+    extra_vips: &[std::net::SocketAddr],
+    target: &Target,
+) -> Result<String, String> {
+    let text = std::fs::read_to_string(config)
+        .map_err(|e| format!("cannot read {}: {e}", config.display()))?;
+    let mut yaml: serde_yaml::Value = serde_yaml::from_str(&text)
+        .map_err(|e| format!("{} is not YAML: {e}", config.display()))?;
+    let root = yaml
+        .as_mapping_mut()
+        .ok_or_else(|| format!("{} is not a YAML mapping", config.display()))?;
+    if let Some(name) = node_name {
+        root.insert("nodeName".into(), name.into());
+    }
+    // The host copy has no pod environment: the Service VIP the pod learns from
+    // KUBERNETES_SERVICE_HOST is written down for it.
+    if !extra_vips.is_empty() {
+        let intercept = root
+            .entry("intercept".into())
+            .or_insert_with(|| serde_yaml::Mapping::new().into());
+        let vips = intercept
+            .as_mapping_mut()
+            .ok_or("intercept is not a mapping")?
+            .entry("vips".into())
+            .or_insert_with(|| serde_yaml::Value::Sequence(Vec::new()));
+        let list = vips
+            .as_sequence_mut()
+            .ok_or("intercept.vips is not a list")?;
+        for vip in extra_vips {
+            let v = serde_yaml::Value::from(vip.to_string());
+            if !list.contains(&v) {
+                list.push(v);
+            }
+        }
+    }
+    let installed = serde_yaml::to_string(&yaml).map_err(|e| e.to_string())?;
+
+    // Checked as `hub run` will read it, before anything is replaced.
+    let staged = target.state_dir.join(".hub.yaml.new");
+    std::fs::create_dir_all(&target.state_dir)
+        .map_err(|e| format!("cannot create {}: {e}", target.state_dir.display()))?;
+    write_file(&staged, installed.as_bytes(), 0o600)?;
+    let checked = Config::load(&staged).and_then(|c| c.validate().map(|()| c));
+    let checked = match checked {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = std::fs::remove_file(&staged);
+            return Err(format!("the configuration to install is not valid: {e}"));
+        }
+    };
+    if checked.cache.dir != target.state_dir {
+        let _ = std::fs::remove_file(&staged);
+        return Err(format!(
+            "cache.dir is {} but the installation goes to {}: both copies must share one state directory",
+            checked.cache.dir.display(),
+            target.state_dir.display()
+        ));
+    }
+
+    let exe =
+        std::fs::read("/proc/self/exe").map_err(|e| format!("cannot read this binary: {e}"))?;
+    write_file(&target.binary(), &exe, 0o755)?;
+    std::fs::rename(&staged, target.config())
+        .map_err(|e| format!("cannot write {}: {e}", target.config().display()))?;
+    write_file(&target.unit(), unit_text(target).as_bytes(), 0o644)?;
+    enable(target)?;
+    Ok(format!(
+        "installed {} and {} for node {}; {} enabled for boot (before kubelet.service)",
+        target.binary().display(),
+        target.config().display(),
+        checked.node_name,
+        target.unit().display()
+    ))
+}
+
+/// Enables the unit the way `systemctl enable` does: a link from the target's wants.
+fn enable(target: &Target) -> Result<(), String> {
+    let link = target.enabled_link();
+    let dir = link.parent().expect("the link has a directory");
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(format!("../{UNIT}"), &link)
+        .map_err(|e| format!("cannot enable {}: {e}", link.display()))
+}
+
+/// Removes what `install` put there; the cache stays. Safe to run twice.
+pub fn uninstall(target: &Target) -> Result<String, String> {
+    let mut removed = Vec::new();
+    for path in [
+        target.enabled_link(),
+        target.unit(),
+        target.binary(),
+        target.config(),
+    ] {
+        match std::fs::remove_file(&path) {
+            Ok(()) => removed.push(path.display().to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("cannot remove {}: {e}", path.display())),
+        }
+    }
+    let _ = std::fs::remove_dir(target.state_dir.join("bin"));
+    if removed.is_empty() {
+        return Ok("nothing installed".into());
+    }
+    Ok(format!(
+        "removed {}; a host copy still running stops with `systemctl stop {UNIT}` (the cache in {} is kept)",
+        removed.join(", "),
+        target.state_dir.display()
+    ))
+}
+
+/// Writes `bytes` to `path` whole: a reader (or a running copy) sees the old file or the
+/// new one, never a mix.
+fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), String> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(fail)?;
+    }
+    let staged = path.with_extension("installing");
+    let _ = std::fs::remove_file(&staged);
+    let mut f = std::fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(mode)
+        .open(&staged)
+        .map_err(fail)?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(fail)?;
+    std::fs::rename(&staged, path).map_err(fail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("hub-install-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn installs_a_runnable_copy_and_removes_it_again() {
+        let root = temp_dir("round");
+        let target = Target {
+            state_dir: root.join("state"),
+            unit_dir: root.join("systemd"),
+        };
+        let config = root.join("given.yaml");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(
+            &config,
+            format!(
+                "nodeName: placeholder\ncloud:\n  servers: [\"https://127.0.0.1:6443\"]\nintercept:\n  vips: [\"127.0.10.1:443\"]\ncache:\n  dir: {}\n",
+                target.state_dir.display()
+            ),
+        )
+        .unwrap();
+        let vip = "127.0.10.2:443".parse().unwrap();
+        let said = install(&config, Some("edge-7"), &[vip], &target).unwrap();
+        assert!(said.contains("edge-7"), "{said}");
+
+        let installed = Config::load(&target.config()).unwrap();
+        assert_eq!(installed.node_name, "edge-7");
+        assert_eq!(
+            installed.intercept.vips,
+            ["127.0.10.1:443", "127.0.10.2:443"]
+        );
+        assert_eq!(
+            std::fs::read(target.binary()).unwrap(),
+            std::fs::read("/proc/self/exe").unwrap()
+        );
+        let unit = std::fs::read_to_string(target.unit()).unwrap();
+        assert!(unit.contains(&format!(
+            "ExecStart={} run --config {} --host-instance",
+            target.binary().display(),
+            target.config().display()
+        )));
+        assert!(unit.contains("Before=kubelet.service"));
+        let link = std::fs::read_link(target.enabled_link()).unwrap();
+        assert_eq!(link, Path::new("../hub.service"));
+
+        // Again: nothing doubles up.
+        install(&config, Some("edge-7"), &[vip], &target).unwrap();
+        assert_eq!(
+            Config::load(&target.config()).unwrap().intercept.vips.len(),
+            2
+        );
+
+        let said = uninstall(&target).unwrap();
+        assert!(said.contains("hub.service"), "{said}");
+        for gone in [
+            target.unit(),
+            target.binary(),
+            target.config(),
+            target.enabled_link(),
+        ] {
+            assert!(
+                !gone.exists() && gone.symlink_metadata().is_err(),
+                "{}",
+                gone.display()
+            );
+        }
+        assert_eq!(uninstall(&target).unwrap(), "nothing installed");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn refuses_a_config_that_would_not_run_and_leaves_the_old_one() {
+        let root = temp_dir("bad");
+        let target = Target {
+            state_dir: root.join("state"),
+            unit_dir: root.join("systemd"),
+        };
+        std::fs::create_dir_all(&target.state_dir).unwrap();
+        std::fs::write(target.config(), "old").unwrap();
+        let config = root.join("given.yaml");
+        std::fs::write(&config, "nodeName: a\ncloud:\n  servers: []\n  bogus: 1\n").unwrap();
+        let e = install(&config, None, &[], &target).unwrap_err();
+        assert!(e.contains("not valid"), "{e}");
+        assert_eq!(std::fs::read_to_string(target.config()).unwrap(), "old");
+        assert!(!target.unit().exists());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
