@@ -32,7 +32,7 @@ fn help_lists_the_commands() {
     let out = Command::new(hub_bin()).arg("--help").output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
-    for cmd in ["run", "status", "bpf", "uninstall"] {
+    for cmd in ["run", "status", "trace", "install", "bpf", "uninstall"] {
         assert!(help.contains(cmd), "--help lacks {cmd}:\n{help}");
     }
 }

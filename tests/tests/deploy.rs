@@ -95,6 +95,79 @@ fn nodes_may_list_and_watch_every_pool_scope_resource() {
     assert_eq!(account["automountServiceAccountToken"], false);
 }
 
+/// The DaemonSet's init container installs the host copy where the host will find it: the
+/// state directory mounted at the ConfigMap's cache.dir (the path the unit names, the same
+/// on the host), and the host's systemd directory at the --unit-dir it is given. Its
+/// arguments are ones `hub install` accepts: run for real against a temporary directory.
+#[test]
+fn the_init_container_installs_the_host_copy_where_the_host_finds_it() {
+    let docs = documents("hub.yaml");
+    let ds = docs
+        .iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("the DaemonSet");
+    let spec = &ds["spec"]["template"]["spec"];
+    let init = &spec["initContainers"][0];
+    let args: Vec<&str> = init["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args[0], "install");
+    let arg = |flag: &str| args[args.iter().position(|a| *a == flag).unwrap() + 1];
+    let mounted_from_host = |path: &str| -> Option<String> {
+        let mount = init["volumeMounts"]
+            .as_sequence()?
+            .iter()
+            .find(|m| m["mountPath"] == path)?;
+        let volume = spec["volumes"]
+            .as_sequence()?
+            .iter()
+            .find(|v| v["name"] == mount["name"])?;
+        Some(volume["hostPath"]["path"].as_str()?.to_string())
+    };
+    assert_eq!(
+        mounted_from_host(arg("--unit-dir")).as_deref(),
+        Some("/etc/systemd/system")
+    );
+    let hub_yaml: serde_yaml::Value = serde_yaml::from_str(
+        docs.iter()
+            .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "hub-config")
+            .unwrap()["data"]["hub.yaml"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let state = hub_yaml["cache"]["dir"].as_str().unwrap();
+    assert_eq!(mounted_from_host(state).as_deref(), Some(state));
+
+    // The same arguments, with the ConfigMap's config and a temporary state and unit dir.
+    let dir = TempDir::new("init");
+    let mut config = hub_yaml.clone();
+    config["cache"]["dir"] = dir.path().join("state").display().to_string().into();
+    let config_path = dir.path().join("hub.yaml");
+    std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    let units = dir.path().join("units");
+    let mut c = Command::new(hub_bin());
+    for (i, a) in args.iter().enumerate() {
+        match args.get(i.wrapping_sub(1)).copied() {
+            Some("--config") => c.arg(&config_path),
+            Some("--unit-dir") => c.arg(&units),
+            Some("--node-name") => c.arg("edge-1"),
+            _ => c.arg(a),
+        };
+    }
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(units.join("multi-user.target.wants/hub.service").exists());
+    assert!(dir.path().join("state/bin/hub").exists());
+}
+
 #[test]
 fn manifests_pass_a_server_side_dry_run() {
     let s = StandIn::start("127.0.0.1:0".parse().unwrap(), Options::default()).unwrap();
