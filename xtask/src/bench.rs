@@ -12,7 +12,7 @@ use serde_json::Value;
 
 pub fn run(what: &str, rounds: usize, output: Output) -> Result<()> {
     match what {
-        "intercept" => intercept(rounds),
+        "intercept" => intercept(rounds, output),
         "proxy" => crate::bench_proxy::proxy(rounds, output),
         "cache" => crate::bench_cache::cache(rounds),
         "pool" => crate::bench_pool::pool(),
@@ -32,25 +32,29 @@ pub fn run(what: &str, rounds: usize, output: Output) -> Result<()> {
 /// against a direct connection in the same interleaved rounds: untraced (the connect hook's
 /// cost with no one listening), with a `hub trace` listening, and, with
 /// `HUB_BENCH_OTHER=path/to/hub`, another build in the same run.
-fn intercept(rounds: usize) -> Result<()> {
+fn intercept(rounds: usize, output: Output) -> Result<()> {
     let ns = Netns::new("bi");
     let cg = Cgroup::new("bench");
     let _up = upstream(&ns, &["127.0.0.1:18443"]);
-    println!("bench intercept: {rounds} interleaved rounds per case, loopback, release build");
-    let mut cases = vec![("untraced", None), ("traced", None)];
+    let mut report = Report::new("intercept", output);
+    report.line(&format!(
+        "bench intercept: {rounds} interleaved rounds per case, loopback, release build"
+    ));
+    let mut cases = vec![("untraced", None), ("traced (a hub trace listening)", None)];
     if let Some(other) = std::env::var_os("HUB_BENCH_OTHER") {
         cases.push(("HUB_BENCH_OTHER", Some(other)));
     }
     for (case, bin) in cases {
+        let traced = case.starts_with("traced");
         let hub = start_intercepting_hub(&ns, &cg, bin.as_deref());
         // `hub trace` in the hub's namespace, its lines thrown away: the full cost of a
         // listener (ring buffer, fan-out, JSON) without a terminal in the way.
-        let _trace = (case == "traced").then(|| {
+        let _trace = traced.then(|| {
             let mut c = hub.cli(&["trace", "--admin", "127.0.0.1:10267", "--output", "json"]);
             c.stdout(std::process::Stdio::null());
             process::Proc::spawn(c, "hub trace")
         });
-        if case == "traced" {
+        if traced {
             hub_tests::wait_for("tracing on", std::time::Duration::from_secs(10), || {
                 (hub.bpf_status()["tracing"] == true).then_some(())
             });
@@ -67,30 +71,26 @@ fn intercept(rounds: usize) -> Result<()> {
         .arg("--cgroup")
         .arg(cg.path());
         let r: Value = serde_json::from_str(&process::output(cmd, "hub-probe bench"))?;
-        println!("\n{case}");
-        println!(
-            "{:<24} {:>10} {:>10} {:>8} {:>10}",
-            "metric (µs)", "direct", "via hub", "ratio", "extra µs"
-        );
+        report.section(case);
         for phase in ["connect", "first_byte"] {
             for q in ["p50", "p90", "p99", "mean"] {
-                let d = r["direct"][phase][q].as_f64().unwrap_or(f64::NAN);
-                let v = r["via_hub"][phase][q].as_f64().unwrap_or(f64::NAN);
-                println!(
-                    "{:<24} {:>10.1} {:>10.1} {:>7.2}x {:>10.1}",
-                    format!("{phase} {q}"),
-                    d,
-                    v,
-                    v / d,
-                    v - d
+                let value = |side: &str| r[side][phase][q].as_f64().unwrap_or(f64::NAN);
+                report.row(
+                    &format!("{} {q}", phase.replace('_', " ")),
+                    "µs",
+                    vec![
+                        ("direct".into(), value("direct")),
+                        ("hub".into(), value("via_hub")),
+                    ],
+                    true,
                 );
             }
         }
         if let Some(kib) = rss_kib(hub.proc.pid()) {
-            println!("hub RSS after the run: {:.1} MiB", kib as f64 / 1024.0);
+            report.single("hub RSS after the run", "MiB", kib as f64 / 1024.0);
         }
     }
-    Ok(())
+    report.finish()
 }
 
 /// A hub intercepting 127.0.10.1:443 for `cg`, relaying to the upstream; `bin` another

@@ -433,6 +433,40 @@ pub fn run(pause: bool) -> Result<()> {
     )?;
     demo.show_status();
 
+    n.step("what the hub intercepts, live: hub trace on node-0")?;
+    let mut c = demo.node_ns(0).command(hub_bin());
+    c.args(["trace", "--count", "3"]);
+    let (mut tracing, lines) = Proc::spawn_collecting(c, "hub trace");
+    let listening = until(Duration::from_secs(10), || {
+        (demo.hub(0).bpf_status()["tracing"] == true).then_some(())
+    });
+    check(
+        listening.is_some(),
+        "the connect hook traces once someone listens",
+    )?;
+    let (ok, _) = demo.pod_kubectl(0, &["get", "pods", "-o", "name"]);
+    let (ok2, _) = demo.node_kubectl(0, &["get", "node", NODES[0], "-o", "name"]);
+    let traced = until(Duration::from_secs(10), || {
+        let lines = lines.lock().unwrap();
+        (lines.len() >= 2).then(|| lines.join("\n"))
+    })
+    .unwrap_or_default();
+    tracing.terminate(Duration::from_secs(5));
+    show(
+        "hub trace   # on node-0, while the pod's and the node's kubectl run",
+        &traced,
+    );
+    check(
+        ok && ok2
+            && traced
+                .lines()
+                .filter(|l| l.contains("kubectl") && l.contains(&format!("{CLOUD} -> ")))
+                .count()
+                >= 2
+            && traced.lines().all(|l| l.ends_with(" redirected")),
+        "each kubectl connect to the apiserver shows: pid, command, cgroup, VIP -> hub listener, redirected",
+    )?;
+
     n.step("the cloud goes dark (the cloud apiserver is frozen)")?;
     signal(demo.cloud.pid(), libc::SIGSTOP);
     let frozen = Instant::now();
