@@ -805,44 +805,12 @@ async fn watch(
         run_blocking(move || scope_objects(&scan_store, &scan_info, &scan_cred, &scan_sel)).await?;
     let live = live_and_selected(&objects, &sel);
     let enc = whole_in_one_encoding(&live, &prefs)?;
-    let from: u64 = param(&query, "resourceVersion").parse().unwrap_or(0);
-    let initial = from == 0 || param(&query, "sendInitialEvents") == "true";
-    let bookmarks = param(&query, "allowWatchBookmarks") == "true";
     let av = api_version(&info);
     let kind = kind_of(&objects, &info.resource, &kind_hint)?;
-    // What happened after `from`, as far as the cache knows: live objects as MODIFIED (or
-    // ADDED for a fresh start), deletions as DELETED.
-    let mut first: Vec<Bytes> = Vec::new();
-    for l in &objects {
-        if !initial && l.newest_rv <= from {
-            continue;
-        }
-        if l.deleted {
-            if !initial {
-                let gone = meta_only(enc, &av, &kind, Some(&l.key), l.newest_rv, &[]);
-                first.push(event(enc, "DELETED", &gone));
-            }
-            continue;
-        }
-        let Some(item) = l.pick(enc) else { continue };
-        if sel.matches_item(item) {
-            first.push(event(enc, if initial { "ADDED" } else { "MODIFIED" }, item));
-        }
-    }
-    if param(&query, "sendInitialEvents") == "true" {
-        first.push(event(
-            enc,
-            "BOOKMARK",
-            &meta_only(
-                enc,
-                &av,
-                &kind,
-                None,
-                rv,
-                &[("k8s.io/initial-events-end", "true")],
-            ),
-        ));
-    }
+    // The bookmark of this watch: the cache's state does not move while it lasts.
+    let bookmark = meta_only(enc, &av, &kind, None, rv, &[]);
+    let first = initial_events(&objects, &sel, enc, &query, &bookmark);
+    let bookmarks = param(&query, "allowWatchBookmarks") == "true";
     let timeout = watch_timeout(&query);
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     tokio::spawn(async move {
@@ -865,14 +833,64 @@ async fn watch(
             }
             if bookmarks && last_bookmark.elapsed() >= BOOKMARK_EVERY {
                 last_bookmark = Instant::now();
-                let b = event(enc, "BOOKMARK", &meta_only(enc, &av, &kind, None, rv, &[]));
-                if tx.send(b).await.is_err() {
+                if tx.send(event(enc, "BOOKMARK", &bookmark)).await.is_err() {
                     return;
                 }
             }
         }
     });
     Ok(watch_response(FROM_LOCAL_CACHE, enc, rx))
+}
+
+/// A cache watch's first events: what happened after the client's resourceVersion, as far
+/// as the cache knows — live objects as MODIFIED (ADDED for a fresh start), deletions as
+/// DELETED — and with sendInitialEvents the bookmark that ends them (`end`, annotated).
+fn initial_events(
+    objects: &[Latest],
+    sel: &Selector,
+    enc: Encoding,
+    query: &str,
+    end: &Item,
+) -> Vec<Bytes> {
+    let from: u64 = param(query, "resourceVersion").parse().unwrap_or(0);
+    let send_initial = param(query, "sendInitialEvents") == "true";
+    let initial = from == 0 || send_initial;
+    let mut first = Vec::new();
+    for l in objects {
+        if !initial && l.newest_rv <= from {
+            continue;
+        }
+        if l.deleted {
+            if !initial {
+                let gone = meta_only(
+                    enc,
+                    &end.api_version,
+                    &end.kind,
+                    Some(&l.key),
+                    l.newest_rv,
+                    &[],
+                );
+                first.push(event(enc, "DELETED", &gone));
+            }
+            continue;
+        }
+        let Some(item) = l.pick(enc) else { continue };
+        if sel.matches_item(item) {
+            first.push(event(enc, if initial { "ADDED" } else { "MODIFIED" }, item));
+        }
+    }
+    if send_initial {
+        let marked = meta_only(
+            enc,
+            &end.api_version,
+            &end.kind,
+            None,
+            end.rv,
+            &[("k8s.io/initial-events-end", "true")],
+        );
+        first.push(event(enc, "BOOKMARK", &marked));
+    }
+    first
 }
 
 /// The answer to a watch whose events, in `enc`, come from `events`.

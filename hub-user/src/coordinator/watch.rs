@@ -17,6 +17,7 @@ use crate::{
     body::ProxyBody,
     cache::{
         objects::{self, Encoding, Item},
+        select::Selector,
         serve::{
             BOOKMARK_EVERY, CLOUD_CHECK, accepted, api_version, bad_request, event, held_whole,
             meta_only, param, selector, watch_response, watch_timeout,
@@ -26,6 +27,7 @@ use crate::{
     kproto,
     proxy::request::RequestInfo,
 };
+use etcd_client::WatchStream;
 
 /// Decodes a stored value (JSON, or protobuf in its `k8s\0` envelope).
 pub fn parse_stored(resource: &str, value: &[u8]) -> Option<Item> {
@@ -90,7 +92,7 @@ pub async fn serve(
         .await
         .map_err(|e| e.to_string())?;
     // Start the etcd watch before answering, so a failure is still a clean fall-through.
-    let mut stream = storage
+    let stream = storage
         .watch(&resource, ns, snap.revision)
         .await
         .map_err(|e| e.to_string())?;
@@ -104,55 +106,95 @@ pub async fn serve(
     let enc = held_whole(&prefs, |e| {
         selected.iter().filter(|i| i.encoding != e).count()
     })?;
-    let av = api_version(info);
-    let kind = items.first().map_or_else(
-        || objects::kind_for(&info.resource).to_string(),
-        |i| i.kind.clone(),
-    );
-    let mut newest = snap
-        .versions
-        .iter()
-        .map(|(_, rv, _)| *rv)
-        .max()
-        .unwrap_or(0);
-    let from: u64 = param(query, "resourceVersion").parse().unwrap_or(0);
-    let send_initial = param(query, "sendInitialEvents") == "true";
-    let initial = from == 0 || send_initial;
-    let bookmarks = param(query, "allowWatchBookmarks") == "true";
-    let mut first: Vec<Bytes> = Vec::new();
-    for item in items.iter().filter(|i| i.encoding == enc) {
-        if (initial || item.rv > from) && sel.matches_item(item) {
-            first.push(event(enc, if initial { "ADDED" } else { "MODIFIED" }, item));
-        }
-    }
-    if !initial {
-        for (key, rv, _) in snap.versions.iter().filter(|(_, rv, d)| *d && *rv > from) {
-            let gone = meta_only(
-                enc,
-                &av,
-                &kind,
-                Some(&name_of(&scope, &info.namespace, key)),
-                *rv,
-                &[],
-            );
-            first.push(event(enc, "DELETED", &gone));
-        }
-    }
-    if send_initial {
-        let end = meta_only(
-            enc,
-            &av,
-            &kind,
-            None,
-            newest,
-            &[("k8s.io/initial-events-end", "true")],
-        );
-        first.push(event(enc, "BOOKMARK", &end));
-    }
-    let timeout = watch_timeout(query);
-    let resource_name = info.resource.clone();
+    let feed = Feed {
+        enc,
+        api_version: api_version(info),
+        kind: items.first().map_or_else(
+            || objects::kind_for(&info.resource).to_string(),
+            |i| i.kind.clone(),
+        ),
+        sel,
+        newest: snap
+            .versions
+            .iter()
+            .map(|(_, rv, _)| *rv)
+            .max()
+            .unwrap_or(0),
+        bookmarks: param(query, "allowWatchBookmarks") == "true",
+        timeout: watch_timeout(query),
+        resource: info.resource.clone(),
+        storage,
+        keep_open,
+    };
+    let first = feed.initial_events(&items, &snap.versions, query, |key| {
+        name_of(&scope, &info.namespace, key)
+    });
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    tokio::spawn(async move {
+    tokio::spawn(feed.run(first, stream, tx));
+    Ok(watch_response(source, enc, rx))
+}
+
+/// One client's watch: what it asked for and how far it has been told.
+struct Feed {
+    enc: Encoding,
+    api_version: String,
+    kind: String,
+    sel: Selector,
+    /// The newest resourceVersion sent, for bookmarks.
+    newest: u64,
+    bookmarks: bool,
+    timeout: Option<std::time::Duration>,
+    resource: String,
+    storage: Arc<Storage>,
+    keep_open: Arc<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl Feed {
+    /// The events before the etcd watch's: the scope as of the snapshot (all of it from
+    /// resourceVersion 0 or with sendInitialEvents, else what changed after `from`).
+    fn initial_events(
+        &self,
+        items: &[Item],
+        versions: &[(String, u64, bool)],
+        query: &str,
+        name: impl Fn(&str) -> ObjectKey,
+    ) -> Vec<Bytes> {
+        let enc = self.enc;
+        let from: u64 = param(query, "resourceVersion").parse().unwrap_or(0);
+        let send_initial = param(query, "sendInitialEvents") == "true";
+        let initial = from == 0 || send_initial;
+        let mut first = Vec::new();
+        for item in items.iter().filter(|i| i.encoding == enc) {
+            if (initial || item.rv > from) && self.sel.matches_item(item) {
+                first.push(event(enc, if initial { "ADDED" } else { "MODIFIED" }, item));
+            }
+        }
+        if !initial {
+            for (key, rv, _) in versions.iter().filter(|(_, rv, d)| *d && *rv > from) {
+                let gone = self.meta(Some(&name(key)), *rv, &[]);
+                first.push(event(enc, "DELETED", &gone));
+            }
+        }
+        if send_initial {
+            let end = self.meta(None, self.newest, &[("k8s.io/initial-events-end", "true")]);
+            first.push(event(enc, "BOOKMARK", &end));
+        }
+        first
+    }
+
+    fn meta(&self, name: Option<&ObjectKey>, rv: u64, annotations: &[(&str, &str)]) -> Item {
+        meta_only(
+            self.enc,
+            &self.api_version,
+            &self.kind,
+            name,
+            rv,
+            annotations,
+        )
+    }
+
+    /// Sends `first`, then every change the etcd watch reports, until the watch ends.
+    async fn run(mut self, first: Vec<Bytes>, mut stream: WatchStream, tx: mpsc::Sender<Bytes>) {
         let started = Instant::now();
         let mut last_bookmark = Instant::now();
         for b in first {
@@ -165,12 +207,12 @@ pub async fn serve(
             let msg = tokio::select! {
                 m = stream.message() => m,
                 _ = tick.tick() => {
-                    if !keep_open() || timeout.is_some_and(|t| started.elapsed() >= t) {
+                    if !(self.keep_open)() || self.timeout.is_some_and(|t| started.elapsed() >= t) {
                         return;
                     }
-                    if bookmarks && last_bookmark.elapsed() >= BOOKMARK_EVERY {
+                    if self.bookmarks && last_bookmark.elapsed() >= BOOKMARK_EVERY {
                         last_bookmark = Instant::now();
-                        let b = event(enc, "BOOKMARK", &meta_only(enc, &av, &kind, None, newest, &[]));
+                        let b = event(self.enc, "BOOKMARK", &self.meta(None, self.newest, &[]));
                         if tx.send(b).await.is_err() {
                             return;
                         }
@@ -185,52 +227,63 @@ pub async fn serve(
                 return;
             }
             for ev in resp.events() {
-                let now = ev
-                    .kv()
-                    .and_then(|kv| parse_stored(&resource_name, kv.value()));
-                let before = ev
-                    .prev_kv()
-                    .and_then(|kv| parse_stored(&resource_name, kv.value()));
-                let matches = |i: &Option<Item>| i.as_ref().is_some_and(|i| sel.matches_item(i));
-                let (ty, item) = match ev.event_type() {
-                    EtcdEvent::Put => match (matches(&before), matches(&now)) {
-                        (false, true) => ("ADDED", now),
-                        (true, true) => ("MODIFIED", now),
-                        (true, false) => ("DELETED", now),
-                        (false, false) => continue,
-                    },
-                    EtcdEvent::Delete => {
-                        if !matches(&before) {
-                            continue;
-                        }
-                        let key = ev
-                            .kv()
-                            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
-                        let rv = match &key {
-                            Some(k) => storage.version_of(k).await.unwrap_or(0),
-                            None => 0,
-                        };
-                        (
-                            "DELETED",
-                            before.map(|b| if rv > b.rv { with_rv(b, rv) } else { b }),
-                        )
-                    }
+                let Some((ty, item)) = self.change(ev).await else {
+                    continue;
                 };
-                let Some(item) = item else { continue };
                 // An object stored in another encoding than this stream's cannot be sent
                 // in it: end the watch rather than let the client miss the change (its
                 // next list says what is held in which encoding).
-                if item.encoding != enc {
+                if item.encoding != self.enc {
                     return;
                 }
-                newest = newest.max(item.rv);
-                if tx.send(event(enc, ty, &item)).await.is_err() {
+                self.newest = self.newest.max(item.rv);
+                if tx.send(event(self.enc, ty, &item)).await.is_err() {
                     return;
                 }
             }
         }
-    });
-    Ok(watch_response(source, enc, rx))
+    }
+
+    /// What one etcd change means to this watch's selection: an event type and the object
+    /// to send, or nothing.
+    async fn change(&self, ev: &etcd_client::Event) -> Option<(&'static str, Item)> {
+        let now = ev
+            .kv()
+            .and_then(|kv| parse_stored(&self.resource, kv.value()));
+        let before = ev
+            .prev_kv()
+            .and_then(|kv| parse_stored(&self.resource, kv.value()));
+        let matches = |i: &Option<Item>| i.as_ref().is_some_and(|i| self.sel.matches_item(i));
+        match ev.event_type() {
+            EtcdEvent::Put => match (matches(&before), matches(&now)) {
+                (false, true) => Some(("ADDED", now?)),
+                (true, true) => Some(("MODIFIED", now?)),
+                (true, false) => Some(("DELETED", now?)),
+                (false, false) => None,
+            },
+            EtcdEvent::Delete => {
+                if !matches(&before) {
+                    return None;
+                }
+                let key = ev
+                    .kv()
+                    .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
+                let rv = match &key {
+                    Some(k) => self.storage.version_of(k).await.unwrap_or(0),
+                    None => 0,
+                };
+                let before = before?;
+                Some((
+                    "DELETED",
+                    if rv > before.rv {
+                        with_rv(before, rv)
+                    } else {
+                        before
+                    },
+                ))
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -381,6 +381,35 @@ mod tests {
         );
     }
 
+    /// The programs' aya-log records reach `hub trace --logs` listeners as log lines.
+    #[tokio::test]
+    async fn program_logs_reach_listeners() {
+        use log::Log;
+        let tracer = Arc::new(Tracer::new(Path::new("/nonexistent"), Box::new(|_| {})));
+        let mut lines = tracer.subscribe();
+        let tee = LogTee(tracer.clone());
+        tee.log(
+            &log::Record::builder()
+                .level(log::Level::Warn)
+                .args(format_args!("hub: pending-origin map update failed"))
+                .build(),
+        );
+        let line = lines.next().await.unwrap();
+        let TraceLine::Log {
+            level,
+            message,
+            time,
+        } = &*line
+        else {
+            panic!("{line:?}");
+        };
+        assert_eq!(
+            (level.as_str(), message.as_str()),
+            ("warn", "hub: pending-origin map update failed")
+        );
+        assert!(time.ends_with('Z'), "{time}");
+    }
+
     #[test]
     fn listeners_switch_tracing_on_and_off() {
         let switched = Arc::new(Mutex::new(Vec::new()));
