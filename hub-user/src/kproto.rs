@@ -33,6 +33,18 @@ fn varint(buf: &mut &[u8]) -> Option<u64> {
     None
 }
 
+/// The header of a length-delimited field at the start of `buf`: (field number, length of
+/// its value, length of the header). None for any other wire type.
+pub fn length_delimited(mut buf: &[u8]) -> Option<(u64, usize, usize)> {
+    let total = buf.len();
+    let key = varint(&mut buf)?;
+    if key & 7 != 2 {
+        return None;
+    }
+    let len = usize::try_from(varint(&mut buf)?).ok()?;
+    Some((key >> 3, len, total - buf.len()))
+}
+
 /// The fields of one message, in wire order; None if the bytes are not a valid message.
 pub fn fields(mut buf: &[u8]) -> Option<Vec<(u64, Value<'_>)>> {
     let mut out = Vec::new();

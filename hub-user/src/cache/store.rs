@@ -460,6 +460,16 @@ pub enum Write {
         /// The list's kind as the cloud named it (`NodeList`).
         list_kind: String,
     },
+    /// A relist that returned exactly what the last list of this selector stored, with
+    /// nothing else written to the resource since: only the list's resourceVersion moves.
+    ListSeen {
+        credential: String,
+        gvr: String,
+        namespace: String,
+        /// (label, field) selectors as the client sent them.
+        selector: (String, String),
+        rv: u64,
+    },
     /// Discovery or /version.
     Raw {
         path: String,
@@ -477,6 +487,8 @@ pub struct Applied {
     pub deleted: u64,
     /// Tombstones past their time removed.
     pub purged: u64,
+    /// ReplaceLists the store now holds whole (each object the list returned is stored).
+    pub lists_whole: u64,
 }
 
 impl Applied {
@@ -501,6 +513,10 @@ pub struct Store {
     queued: AtomicU64,
     /// Closed after an I/O error and not yet open again.
     reopening: std::sync::atomic::AtomicBool,
+    /// Per `credential \0 gvr`: how many batches have written objects of it (in this
+    /// process). The writer compares it to tell that nothing but a list touched a resource
+    /// since that list (see `fingerprint`).
+    generations: std::sync::Mutex<HashMap<String, u64>>,
 }
 
 /// Creates `dir` owner-only (0700), or tightens it if it exists.
@@ -560,6 +576,7 @@ impl Store {
             path,
             queued: Default::default(),
             reopening: Default::default(),
+            generations: Default::default(),
         };
         let queued = store.queue_len()?;
         store.queued.store(queued, Ordering::Relaxed);
@@ -592,6 +609,7 @@ impl Store {
             path,
             queued: Default::default(),
             reopening: Default::default(),
+            generations: Default::default(),
         })
     }
 
@@ -707,7 +725,40 @@ impl Store {
         }
     }
 
+    /// How many batches have written objects of `gvr` for `credential` in this process.
+    pub fn generation(&self, credential: &str, gvr: &str) -> u64 {
+        let generations = self.generations.lock().unwrap_or_else(|p| p.into_inner());
+        generations
+            .get(&format!("{credential}\0{gvr}"))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Counts a batch against every resource it may write objects of (before it is applied,
+    /// so a reader never sees an old count with new objects).
+    fn count_generations(&self, writes: &[Write]) {
+        let mut generations = self.generations.lock().unwrap_or_else(|p| p.into_inner());
+        let mut touched = std::collections::HashSet::new();
+        for w in writes {
+            let scope = match w {
+                Write::Upsert { key, .. } | Write::Delete { key, .. } => {
+                    (&key.credential, &key.gvr)
+                }
+                Write::ReplaceList {
+                    credential, gvr, ..
+                } => (credential, gvr),
+                Write::ListSeen { .. } | Write::Raw { .. } => continue,
+            };
+            if touched.insert(scope) {
+                *generations
+                    .entry(format!("{}\0{}", scope.0, scope.1))
+                    .or_default() += 1;
+            }
+        }
+    }
+
     fn apply_once(&self, writes: &[Write]) -> Result<Applied, StoreError> {
+        self.count_generations(writes);
         let mut applied = Applied::default();
         // Most GETs and many events repeat what the store holds: find those with a cheap
         // read so that a batch of nothing new costs no write transaction (and no fsync).
@@ -822,6 +873,27 @@ impl Store {
                             stored_at: now,
                         };
                         new_lists |= remember_list(&mut lists, credential, gvr, namespace, &meta)?;
+                        applied.lists_whole += 1;
+                    }
+                    Write::ListSeen {
+                        credential,
+                        gvr,
+                        namespace,
+                        selector,
+                        rv,
+                    } => {
+                        let key = list_key(credential, gvr, namespace, (&selector.0, &selector.1));
+                        let meta = lists
+                            .get(key.as_slice())
+                            .map_err(db_err)?
+                            .and_then(|v| ListMeta::decode(v.value()));
+                        if let Some(mut meta) = meta.filter(|m| m.rv < *rv) {
+                            meta.rv = *rv;
+                            meta.stored_at = now;
+                            lists
+                                .insert(key.as_slice(), meta.encode().as_slice())
+                                .map_err(db_err)?;
+                        }
                     }
                     Write::Raw {
                         path,

@@ -17,9 +17,10 @@ use bytes::Bytes;
 use crate::kproto;
 
 use super::{
+    fingerprint::{self, Fingerprint},
     objects::{self, Encoding, EventType, Item},
     select::Selector,
-    store::{self, ObjectKey, Snapshot, Store, Write},
+    store::{self, Applied, ObjectKey, Snapshot, Store, Write},
 };
 
 /// Ops applied in one transaction at most.
@@ -81,6 +82,7 @@ fn write_bytes(w: &Write) -> usize {
         Write::Upsert { item, .. } | Write::Delete { item, .. } => 128 + item.body.len(),
         Write::ReplaceList { items, .. } => items.iter().map(|i| 128 + i.body.len()).sum(),
         Write::Raw { body, .. } => 128 + body.len(),
+        Write::ListSeen { .. } => 128,
     }
 }
 
@@ -227,6 +229,7 @@ pub fn start(store: Arc<Store>, stats: Arc<Stats>) -> Writer {
 fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
     let mut staged: HashMap<String, Staged> = HashMap::new();
     let mut backlog = Backlog::default();
+    let mut seen = SeenLists::default();
     loop {
         // With writes the store refused waiting, wake now and then to try them again.
         let first = if backlog.writes.is_empty() {
@@ -254,6 +257,7 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
         let mut flushes = Vec::new();
         // Taken at the first GET answer; the batch's writes come after all its questions.
         let mut snapshot = None;
+        seen.note(&backlog.writes);
         for op in ops {
             let op = match decoded(op) {
                 Ok(op) => op,
@@ -273,9 +277,13 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
                     op,
                     &mut staged,
                     &mut Held::new(&store, &mut snapshot),
+                    &mut seen,
                     &stats,
                 ) {
-                    Ok(w) => writes.extend(w),
+                    Ok(w) => {
+                        seen.note(&w);
+                        writes.extend(w);
+                    }
                     // A Table (kubectl's default output) or a Status: nothing to keep.
                     Err(Rejected::NotAnObject) => {}
                     Err(Rejected::Bad(e)) => {
@@ -288,12 +296,15 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
         drop(snapshot);
         // What the store refused before goes first, in its order.
         let writes = backlog.take_then(writes);
-        if !writes.is_empty() {
+        if writes.is_empty() {
+            seen.settle(&store, &[], None);
+        } else {
             let large = writes.len() >= TRIM_AFTER
                 || writes.iter().any(
                     |w| matches!(w, Write::ReplaceList { items, .. } if items.len() >= TRIM_AFTER),
                 );
             let result = store.apply(&writes);
+            seen.settle(&store, &writes, result.as_ref().ok());
             if large {
                 // Parsed lists are freed now; give the memory back instead of keeping the
                 // peak as RSS.
@@ -414,6 +425,130 @@ fn already_held(held: &mut Held, op: &Op) -> bool {
     id.is_some_and(|id| held.holds(target, &id))
 }
 
+/// Lists this writer stored whole, by fingerprint. A relist with the same fingerprint, when
+/// nothing else has written objects of its resource since, holds exactly what the store
+/// holds: it becomes a `ListSeen` (the list's resourceVersion moves, nothing is parsed,
+/// looked up or rewritten). Kept in memory only: after a restart the first relist of each
+/// list is read in full.
+#[derive(Default)]
+struct SeenLists {
+    seen: HashMap<String, Seen>,
+    /// Lists of the batch being prepared: remembered only once the batch is applied.
+    pending: Vec<Pending>,
+    /// `credential \0 gvr` of every write in the batch so far: a list in the same batch as
+    /// another write of its resource is read in full.
+    touched: std::collections::HashSet<String>,
+}
+
+struct Seen {
+    items: u64,
+    /// The store's count of batches writing this resource, right after this list's.
+    generation: u64,
+    objects: u64,
+}
+
+struct Pending {
+    id: String,
+    items: u64,
+    objects: u64,
+    scope: (String, String),
+    generation_before: u64,
+}
+
+/// Lists remembered at most (each a few dozen bytes); past it they are forgotten.
+const SEEN_MAX: usize = 4096;
+
+fn list_id(t: &Target) -> Option<String> {
+    let TargetKind::List {
+        namespace,
+        label_selector,
+        field_selector,
+        continue_from: None,
+    } = &t.kind
+    else {
+        return None;
+    };
+    let enc = t.encoding.content_type();
+    Some(format!(
+        "{}\0{}\0{}\0{namespace}\0{label_selector}\0{field_selector}\0{enc}",
+        t.credential, t.component, t.gvr
+    ))
+}
+
+fn scope_of(w: &Write) -> Option<String> {
+    match w {
+        Write::Upsert { key, .. } | Write::Delete { key, .. } => {
+            Some(format!("{}\0{}", key.credential, key.gvr))
+        }
+        Write::ReplaceList {
+            credential, gvr, ..
+        } => Some(format!("{credential}\0{gvr}")),
+        Write::ListSeen { .. } | Write::Raw { .. } => None,
+    }
+}
+
+impl SeenLists {
+    /// How many objects the list holds, when `fp` is the fingerprint this list had when it
+    /// was last stored whole and nothing has written its resource since.
+    fn unchanged(&self, store: &Store, target: &Target, fp: &Fingerprint) -> Option<u64> {
+        let seen = self.seen.get(&list_id(target)?)?;
+        let scope = format!("{}\0{}", target.credential, target.gvr);
+        (seen.items == fp.items
+            && !self.touched.contains(&scope)
+            && store.generation(&target.credential, &target.gvr) == seen.generation)
+            .then_some(seen.objects)
+    }
+
+    fn expect(&mut self, store: &Store, target: &Target, fp: &Fingerprint, objects: u64) {
+        let Some(id) = list_id(target) else { return };
+        self.pending.push(Pending {
+            id,
+            items: fp.items,
+            objects,
+            scope: (target.credential.clone(), target.gvr.clone()),
+            generation_before: store.generation(&target.credential, &target.gvr),
+        });
+    }
+
+    fn note(&mut self, writes: &[Write]) {
+        self.touched.extend(writes.iter().filter_map(scope_of));
+    }
+
+    /// After the batch: remember the lists it stored whole, when the list was the batch's
+    /// only write of its resource and no one else wrote it meanwhile; forget the others.
+    fn settle(&mut self, store: &Store, writes: &[Write], applied: Option<&Applied>) {
+        let lists = writes
+            .iter()
+            .filter(|w| matches!(w, Write::ReplaceList { .. }))
+            .count() as u64;
+        let all_whole = applied.is_some_and(|a| a.lists_whole == lists);
+        for p in std::mem::take(&mut self.pending) {
+            let key = format!("{}\0{}", p.scope.0, p.scope.1);
+            let writes_of_scope = writes
+                .iter()
+                .filter(|w| scope_of(w).as_ref() == Some(&key))
+                .count();
+            let now = store.generation(&p.scope.0, &p.scope.1);
+            if all_whole && writes_of_scope == 1 && now == p.generation_before + 1 {
+                if self.seen.len() >= SEEN_MAX {
+                    self.seen.clear();
+                }
+                self.seen.insert(
+                    p.id,
+                    Seen {
+                        items: p.items,
+                        generation: now,
+                        objects: p.objects,
+                    },
+                );
+            } else {
+                self.seen.remove(&p.id);
+            }
+        }
+        self.touched.clear();
+    }
+}
+
 fn key(target: &Target, item: &Item) -> ObjectKey {
     ObjectKey {
         credential: target.credential.clone(),
@@ -442,6 +577,7 @@ fn prepare(
     op: Op,
     staged: &mut HashMap<String, Staged>,
     held: &mut Held,
+    seen: &mut SeenLists,
     stats: &Stats,
 ) -> Result<Vec<Write>, Rejected> {
     let err = |t: &Target, e: objects::ParseError| match e {
@@ -490,7 +626,29 @@ fn prepare(
                     }])
                 }
                 TargetKind::Watch { .. } => Ok(vec![]),
-                TargetKind::List { continue_from, .. } => {
+                TargetKind::List {
+                    continue_from,
+                    namespace,
+                    label_selector,
+                    field_selector,
+                } => {
+                    let fp = continue_from
+                        .is_none()
+                        .then(|| fingerprint::of_list(target.encoding, &body))
+                        .flatten();
+                    if let Some(fp) = &fp
+                        && let Some(objects) = seen.unchanged(held.store, &target, fp)
+                    {
+                        stats.stale.fetch_add(objects, Ordering::Relaxed);
+                        stats.scanned_only.fetch_add(objects, Ordering::Relaxed);
+                        return Ok(vec![Write::ListSeen {
+                            credential: target.credential.clone(),
+                            gvr: target.gvr.clone(),
+                            namespace: namespace.clone(),
+                            selector: (label_selector.clone(), field_selector.clone()),
+                            rv: fp.rv,
+                        }]);
+                    }
                     let page = objects::parse_list_pieces(
                         &target.resource,
                         target.encoding,
@@ -532,6 +690,10 @@ fn prepare(
                             staged.insert(page.continue_token, acc);
                         }
                         return Ok(vec![]);
+                    }
+                    if let Some(fp) = &fp {
+                        let objects = (acc.items.len() + acc.held.len()) as u64;
+                        seen.expect(held.store, &target, fp, objects);
                     }
                     Ok(vec![replace_write(acc)?])
                 }
@@ -596,6 +758,109 @@ mod tests {
             body: vec![body.slice(..10), body.slice(10..)],
             gzip: false,
         }
+    }
+
+    fn list(rv: u64, pods: &[(&str, u64)]) -> Op {
+        let items: Vec<String> = pods
+            .iter()
+            .map(|(name, rv)| String::from_utf8(pod(name, *rv).to_vec()).unwrap())
+            .collect();
+        let body = Bytes::from(format!(
+            r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"{rv}"}},"items":[{}]}}"#,
+            items.join(",")
+        ));
+        Op::Whole {
+            target: Target {
+                credential: "node".into(),
+                component: "kubelet".into(),
+                gvr: "/v1/pods".into(),
+                resource: "pods".into(),
+                encoding: Encoding::Json,
+                kind: TargetKind::List {
+                    namespace: "d".into(),
+                    label_selector: String::new(),
+                    field_selector: String::new(),
+                    continue_from: None,
+                },
+            },
+            body: vec![body.slice(..120), body.slice(120..)],
+            gzip: false,
+        }
+    }
+
+    fn event(ty: &str, name: &str, rv: u64) -> Op {
+        let frame = format!(
+            r#"{{"type":"{ty}","object":{}}}"#,
+            String::from_utf8(pod(name, rv).to_vec()).unwrap()
+        );
+        Op::Event {
+            target: Target {
+                credential: "node".into(),
+                component: "kubelet".into(),
+                gvr: "/v1/pods".into(),
+                resource: "pods".into(),
+                encoding: Encoding::Json,
+                kind: TargetKind::Watch {
+                    selection_may_change: false,
+                },
+            },
+            frame: Bytes::from(frame),
+        }
+    }
+
+    /// A relist with the items of the last list stored whole only moves the list's
+    /// resourceVersion — unless something else wrote the resource since: then it is read
+    /// in full, and what it no longer returns is pruned.
+    #[test]
+    fn relists_of_a_list_already_stored_whole_touch_only_its_resource_version() {
+        let dir = std::env::temp_dir().join(format!("hub-writer-seen-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Arc::new(Store::open(&dir).unwrap());
+        let stats = Arc::new(Stats::default());
+        let writer = start(store.clone(), stats.clone());
+        let applied = |op: Op| {
+            writer.send(op);
+            writer.flush_within(Duration::from_secs(30));
+            (
+                stats.written.load(Ordering::Relaxed),
+                stats.deleted.load(Ordering::Relaxed),
+                stats.scanned_only.load(Ordering::Relaxed),
+            )
+        };
+        let list_rv = || store.list_metas("node", "/v1/pods", "d").unwrap()[0].rv;
+        let live = || {
+            let mut names: Vec<String> = store
+                .scan(&super::super::store::prefix("node", "/v1/pods", None, None))
+                .unwrap()
+                .into_iter()
+                .filter(|(_, r)| !r.deleted)
+                .map(|(k, _)| k.name)
+                .collect();
+            names.sort();
+            names
+        };
+        let ab = [("a", 5), ("b", 5)];
+        assert_eq!(applied(list(100, &ab)), (2, 0, 0));
+        // The same items, a newer list: only the list record moves.
+        assert_eq!(applied(list(101, &ab)), (2, 0, 2));
+        assert_eq!(list_rv(), 101);
+        // A watch adds c; a relist with a and b alone (c was deleted, the watch missed it)
+        // is read in full and prunes c, though its items are those of the last list.
+        assert_eq!(applied(event("ADDED", "c", 150)), (3, 0, 2));
+        assert_eq!(live(), ["a", "b", "c"]);
+        let (written, deleted, _) = applied(list(200, &ab));
+        assert_eq!((written, deleted), (3, 1), "c pruned");
+        assert_eq!(live(), ["a", "b"]);
+        assert_eq!(list_rv(), 200);
+        // Nothing since: the next relist is recognised again.
+        assert_eq!(applied(list(201, &ab)), (3, 1, 6));
+        assert_eq!(list_rv(), 201);
+        // A changed item is never taken for the same list.
+        let (written, _, _) = applied(list(202, &[("a", 6), ("b", 5)]));
+        assert_eq!(written, 4);
+        drop(writer);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
