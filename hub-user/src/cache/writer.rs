@@ -976,9 +976,12 @@ mod cost {
             writer.send(op());
             writer.flush_within(Duration::from_secs(60));
         });
-        timed("relist through the writer", 20, || {
+        timed("relist through the writer (recognised)", 20, || {
             writer.send(op());
             writer.flush_within(Duration::from_secs(60));
+        });
+        timed("fingerprint of the items", 20, || {
+            fingerprint::of_list(enc, &parts).unwrap()
         });
         let list = timed("scan into items", 20, || match enc {
             Encoding::Json => scan::json_list(&parts).unwrap(),
