@@ -404,6 +404,41 @@ fn assert_named_in_any_pieces(resource: &str, enc: Encoding, body: &[u8], full: 
         assert_eq!(named, expected, "pieces of {size}");
         assert_eq!((page.items.len(), page.held.len()), (0, full.len()));
     }
+    assert_fingerprinted(resource, enc, body);
+}
+
+/// A whole recorded list is fingerprinted (the same however it is cut, once its first
+/// piece holds the list's metadata), with the list's resourceVersion; a page of a chunked
+/// list is not; a changed byte among the items changes the fingerprint.
+fn assert_fingerprinted(resource: &str, enc: Encoding, body: &[u8]) {
+    use hub::cache::fingerprint;
+    let page = objects::parse_list(resource, enc, body).unwrap();
+    let whole = fingerprint::of_list(enc, &[bytes::Bytes::copy_from_slice(body)]);
+    if !page.continue_token.is_empty() {
+        assert_eq!(whole, None, "a page of a chunked list");
+        return;
+    }
+    let whole = whole.expect("a whole list as kube-apiserver writes it is fingerprinted");
+    assert_eq!(whole.rv, page.rv);
+    for size in [1000, 16 * 1024] {
+        let pieces: Vec<bytes::Bytes> = body
+            .chunks(size)
+            .map(bytes::Bytes::copy_from_slice)
+            .collect();
+        assert_eq!(
+            fingerprint::of_list(enc, &pieces),
+            Some(whole),
+            "pieces of {size}"
+        );
+    }
+    if page.items.is_empty() {
+        return;
+    }
+    let mut changed = body.to_vec();
+    let at = changed.len() - 3;
+    changed[at] ^= 1;
+    let other = fingerprint::of_list(enc, &[bytes::Bytes::from(changed)]).unwrap();
+    assert_ne!(other.items, whole.items);
 }
 
 /// The cheap naming of a watch event (to skip one already held) agrees with its full

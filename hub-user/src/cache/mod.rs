@@ -9,7 +9,7 @@
 //!   component (User-Agent): offline, a credential is served only what the cloud already
 //!   returned to that same credential.
 //! * Offline answers (`serve`) evaluate any selector on the cached metadata.
-mod fingerprint;
+pub mod fingerprint;
 pub mod inspect;
 pub mod objects;
 pub mod offline;

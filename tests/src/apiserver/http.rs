@@ -725,10 +725,26 @@ fn list(state: &State, t: &Target, q: &HashMap<String, String>, format: Format) 
         ));
     }
     let items: Vec<Value> = page.items.iter().map(|o| list_item(r, o)).collect();
-    json_response(
-        StatusCode::OK,
-        &json!({"kind": format!("{}List", r.kind), "apiVersion": r.api_version(), "metadata": meta, "items": items}),
-    )
+    list_response(r, &meta, &items)
+}
+
+/// A JSON list with its fields in kube-apiserver's order (kind, apiVersion, metadata,
+/// items), as the recordings have it; `json!` would sort them.
+fn list_response(r: &Resource, meta: &Value, items: &[Value]) -> Response<Body> {
+    let head = format!(
+        r#"{{"kind":{},"apiVersion":{},"metadata":{},"items":"#,
+        Value::from(format!("{}List", r.kind)),
+        Value::from(r.api_version()),
+        meta
+    );
+    let mut body = head.into_bytes();
+    serde_json::to_writer(&mut body, items).expect("json");
+    body.push(b'}');
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(full(body))
+        .expect("response")
 }
 
 /// Where a list is read from, by its `resourceVersion` and `resourceVersionMatch`.
@@ -1183,8 +1199,6 @@ fn delete_collection(state: &State, t: &Target, q: &HashMap<String, String>) -> 
             deleted.push(list_item(r, &o));
         }
     }
-    json_response(
-        StatusCode::OK,
-        &json!({"kind": format!("{}List", r.kind), "apiVersion": r.api_version(), "metadata": {"resourceVersion": state.store.current_rv().to_string()}, "items": deleted}),
-    )
+    let meta = json!({"resourceVersion": state.store.current_rv().to_string()});
+    list_response(r, &meta, &deleted)
 }
