@@ -811,14 +811,20 @@ mod tests {
     /// A relist with the items of the last list stored whole only moves the list's
     /// resourceVersion — unless something else wrote the resource since: then it is read
     /// in full, and what it no longer returns is pruned.
-    #[test]
-    fn relists_of_a_list_already_stored_whole_touch_only_its_resource_version() {
-        let dir = std::env::temp_dir().join(format!("hub-writer-seen-{}", std::process::id()));
+    /// A writer on a store in a fresh temporary directory.
+    fn writer_on_temp_store(tag: &str) -> (std::path::PathBuf, Arc<Store>, Arc<Stats>, Writer) {
+        let dir = std::env::temp_dir().join(format!("hub-writer-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let store = Arc::new(Store::open(&dir).unwrap());
         let stats = Arc::new(Stats::default());
         let writer = start(store.clone(), stats.clone());
+        (dir, store, stats, writer)
+    }
+
+    #[test]
+    fn relists_of_a_list_already_stored_whole_touch_only_its_resource_version() {
+        let (dir, store, stats, writer) = writer_on_temp_store("seen");
         let applied = |op: Op| {
             writer.send(op);
             writer.flush_within(Duration::from_secs(30));
@@ -865,12 +871,7 @@ mod tests {
 
     #[test]
     fn repeated_answers_are_recognised_without_rewriting() {
-        let dir = std::env::temp_dir().join(format!("hub-writer-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let store = Arc::new(Store::open(&dir).unwrap());
-        let stats = Arc::new(Stats::default());
-        let writer = start(store.clone(), stats.clone());
+        let (dir, store, stats, writer) = writer_on_temp_store("repeat");
         let counts = |s: &Stats| {
             (
                 s.written.load(Ordering::Relaxed),
