@@ -479,6 +479,27 @@ pub enum Write {
     },
 }
 
+/// A resource whose objects a write changes, as `credential \0 gvr`.
+pub fn scope_key(credential: &str, gvr: &str) -> String {
+    format!("{credential}\0{gvr}")
+}
+
+impl Write {
+    /// The resource this write changes objects of; None for writes that change no object
+    /// (a list seen again, discovery).
+    pub fn scope(&self) -> Option<String> {
+        match self {
+            Write::Upsert { key, .. } | Write::Delete { key, .. } => {
+                Some(scope_key(&key.credential, &key.gvr))
+            }
+            Write::ReplaceList {
+                credential, gvr, ..
+            } => Some(scope_key(credential, gvr)),
+            Write::ListSeen { .. } | Write::Raw { .. } => None,
+        }
+    }
+}
+
 /// What a batch did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Applied {
@@ -730,7 +751,7 @@ impl Store {
     pub fn generation(&self, credential: &str, gvr: &str) -> u64 {
         let generations = self.generations.lock().unwrap_or_else(|p| p.into_inner());
         generations
-            .get(&format!("{credential}\0{gvr}"))
+            .get(&scope_key(credential, gvr))
             .copied()
             .unwrap_or(0)
     }
@@ -739,22 +760,10 @@ impl Store {
     /// so a reader never sees an old count with new objects).
     fn count_generations(&self, writes: &[Write]) {
         let mut generations = self.generations.lock().unwrap_or_else(|p| p.into_inner());
-        let mut touched = std::collections::HashSet::new();
-        for w in writes {
-            let scope = match w {
-                Write::Upsert { key, .. } | Write::Delete { key, .. } => {
-                    (&key.credential, &key.gvr)
-                }
-                Write::ReplaceList {
-                    credential, gvr, ..
-                } => (credential, gvr),
-                Write::ListSeen { .. } | Write::Raw { .. } => continue,
-            };
-            if touched.insert(scope) {
-                *generations
-                    .entry(format!("{}\0{}", scope.0, scope.1))
-                    .or_default() += 1;
-            }
+        let touched: std::collections::HashSet<String> =
+            writes.iter().filter_map(Write::scope).collect();
+        for scope in touched {
+            *generations.entry(scope).or_default() += 1;
         }
     }
 

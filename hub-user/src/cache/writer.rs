@@ -475,24 +475,12 @@ fn list_id(t: &Target) -> Option<String> {
     ))
 }
 
-fn scope_of(w: &Write) -> Option<String> {
-    match w {
-        Write::Upsert { key, .. } | Write::Delete { key, .. } => {
-            Some(format!("{}\0{}", key.credential, key.gvr))
-        }
-        Write::ReplaceList {
-            credential, gvr, ..
-        } => Some(format!("{credential}\0{gvr}")),
-        Write::ListSeen { .. } | Write::Raw { .. } => None,
-    }
-}
-
 impl SeenLists {
     /// How many objects the list holds, when `fp` is the fingerprint this list had when it
     /// was last stored whole and nothing has written its resource since.
     fn unchanged(&self, store: &Store, target: &Target, fp: &Fingerprint) -> Option<u64> {
         let seen = self.seen.get(&list_id(target)?)?;
-        let scope = format!("{}\0{}", target.credential, target.gvr);
+        let scope = store::scope_key(&target.credential, &target.gvr);
         (seen.items == fp.items
             && !self.touched.contains(&scope)
             && store.generation(&target.credential, &target.gvr) == seen.generation)
@@ -511,7 +499,7 @@ impl SeenLists {
     }
 
     fn note(&mut self, writes: &[Write]) {
-        self.touched.extend(writes.iter().filter_map(scope_of));
+        self.touched.extend(writes.iter().filter_map(Write::scope));
     }
 
     /// After the batch: remember the lists it stored whole, when the list was the batch's
@@ -523,10 +511,10 @@ impl SeenLists {
             .count() as u64;
         let all_whole = applied.is_some_and(|a| a.lists_whole == lists);
         for p in std::mem::take(&mut self.pending) {
-            let key = format!("{}\0{}", p.scope.0, p.scope.1);
+            let key = store::scope_key(&p.scope.0, &p.scope.1);
             let writes_of_scope = writes
                 .iter()
-                .filter(|w| scope_of(w).as_ref() == Some(&key))
+                .filter(|w| w.scope().as_ref() == Some(&key))
                 .count();
             let now = store.generation(&p.scope.0, &p.scope.1);
             if all_whole && writes_of_scope == 1 && now == p.generation_before + 1 {
