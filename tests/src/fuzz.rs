@@ -90,6 +90,7 @@ fn objects_target(data: &[u8]) {
         let _ = objects::parse_object("pods", enc, data);
         let _ = objects::parse_list("pods", enc, data);
         let _ = objects::parse_event("pods", enc, data);
+        let _ = hub::cache::fingerprint::of_list(enc, &[bytes::Bytes::copy_from_slice(data)]);
     }
 }
 

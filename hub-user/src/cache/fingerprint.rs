@@ -79,13 +79,14 @@ fn protobuf_list_meta(first: &[u8]) -> Option<(std::ops::Range<usize>, u64)> {
     let body = first.strip_prefix(kproto::MAGIC)?;
     let mut at = kproto::MAGIC.len();
     let mut rest = body;
-    // typeMeta, then the raw object.
+    // typeMeta, then the raw object. Lengths come from the cloud's bytes: summed checked.
     let (field, len, header) = kproto::length_delimited(rest)?;
     if field != 1 {
         return None;
     }
-    at += header + len;
-    rest = rest.get(header + len..)?;
+    let type_meta_end = header.checked_add(len)?;
+    at += type_meta_end;
+    rest = rest.get(type_meta_end..)?;
     let (field, _, header) = kproto::length_delimited(rest)?;
     if field != 2 {
         return None;
@@ -96,8 +97,9 @@ fn protobuf_list_meta(first: &[u8]) -> Option<(std::ops::Range<usize>, u64)> {
     if field != 1 {
         return None;
     }
-    let meta = rest.get(meta_header..meta_header + len)?;
-    let end = start + header + meta_header + len;
+    let meta_end = meta_header.checked_add(len)?;
+    let meta = rest.get(meta_header..meta_end)?;
+    let end = start + header + meta_end;
     let fields = kproto::fields(meta)?;
     if !kproto::text(&fields, 3).is_empty() {
         return None; // a page of a chunked list

@@ -484,7 +484,12 @@ impl Cursor<'_> {
             }
             _ => return None,
         };
-        if self.pos + len.unwrap_or(0) > end {
+        // A length near usize::MAX from a bad body must not overflow the sum.
+        if self
+            .pos
+            .checked_add(len.unwrap_or(0))
+            .is_none_or(|e| e > end)
+        {
             return None;
         }
         Some((key >> 3, len))
@@ -552,6 +557,21 @@ pub fn protobuf_list(parts: &[Bytes]) -> Result<ScannedList, Malformed> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A length-delimited field claiming nearly usize::MAX bytes (a fuzzer's find, in
+    /// a Status envelope) is refused, not summed past the end of the address space.
+    #[test]
+    fn a_huge_field_length_is_malformed_not_an_overflow() {
+        let mut body = b"k8s\0\x0a\x0c\x0a\x02v1\x12\x06Status\x12".to_vec();
+        body.extend_from_slice(&[0xff; 9]);
+        body.extend_from_slice(b"\x49\x0a\x06\x0a\x00\x12\x00");
+        for size in [1, 7, body.len()] {
+            assert!(
+                protobuf_list(&pieces(&body, size)).is_err(),
+                "pieces of {size}"
+            );
+        }
+    }
 
     /// `text` cut into pieces of `size` bytes, as an answer arrives in frames.
     fn pieces(text: &[u8], size: usize) -> Vec<Bytes> {
