@@ -17,7 +17,7 @@ pub fn run(what: &str, rounds: usize, output: Output) -> Result<()> {
         "cache" => crate::bench_cache::cache(rounds),
         "pool" => crate::bench_pool::pool(),
         "pool-scale" => crate::bench_pool::scale(),
-        "coordinator" => crate::bench_coordinator::coordinator(rounds),
+        "coordinator" => crate::bench_coordinator::coordinator(rounds, output),
         other => {
             bail!(
                 "unknown benchmark `{other}` (available: intercept, proxy, cache, coordinator, pool, pool-scale)"

@@ -7,6 +7,8 @@ use std::{
 };
 
 use anyhow::Result;
+
+use crate::bench::{Output, Report};
 use hub::coordinator::{
     owned::Owned,
     storage::{self, Limits, Object, Resource, Storage},
@@ -45,7 +47,7 @@ fn pods() -> Resource {
     }
 }
 
-pub fn coordinator(rounds: usize) -> Result<()> {
+pub fn coordinator(rounds: usize, output: Output) -> Result<()> {
     let n = rounds.clamp(100, 5000) as u64;
     let etcd = EtcdCluster::start(1);
     let dir = TempDir::new("bco");
@@ -61,16 +63,16 @@ pub fn coordinator(rounds: usize) -> Result<()> {
         let client = storage::connect(&etcd.endpoints(), None, Duration::from_secs(30)).await?;
         anyhow::Ok(Storage::open(&client, "/registry", Owned::open(dir.path())?, limits).await?)
     })?);
-    println!(
+    let mut report = Report::new("coordinator", output);
+    report.line(&format!(
         "bench coordinator: one etcd member ({} B pods), {n} operations per row",
         pod("ns", "name", 1).value.len()
-    );
-    println!("{:<44} {:>14}", "metric", "value");
+    ));
+    report.section("one etcd member on this machine's disk");
+    let report = std::sync::Mutex::new(report);
     let rate = |what: &str, started: Instant, ops: u64| {
-        println!(
-            "{what:<44} {:>10.0} Txn/s",
-            ops as f64 / started.elapsed().as_secs_f64()
-        );
+        let per_second = ops as f64 / started.elapsed().as_secs_f64();
+        report.lock().unwrap().single(what, "Txn/s", per_second);
     };
     rt.block_on(async {
         let t = Instant::now();
@@ -120,12 +122,9 @@ pub fn coordinator(rounds: usize) -> Result<()> {
             let r = s
                 .replace_component_list("bench", &pods(), Some(&ns), 1, &objects)
                 .await?;
-            println!(
-                "{:<44} {:>10.0} ms  ({} written)",
-                format!("ReplaceComponentList {count} pods, new"),
-                t.elapsed().as_secs_f64() * 1e3,
-                r.written
-            );
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            let what = format!("ReplaceComponentList {count} pods, new ({} written)", r.written);
+            report.lock().unwrap().single(&what, "ms", ms);
             let mut objects = objects;
             for o in objects.iter_mut().step_by(10) {
                 *o = pod(&ns, &o.name, 2);
@@ -135,16 +134,14 @@ pub fn coordinator(rounds: usize) -> Result<()> {
             let r = s
                 .replace_component_list("bench", &pods(), Some(&ns), 3, &objects)
                 .await?;
-            println!(
-                "{:<44} {:>10.0} ms  ({} written, {} unchanged, {} deleted)",
-                format!("ReplaceComponentList {count} pods, 10% changed"),
-                t.elapsed().as_secs_f64() * 1e3,
-                r.written,
-                r.unchanged,
-                r.deleted
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            let what = format!(
+                "ReplaceComponentList {count} pods, 10% changed ({} written, {} unchanged, {} deleted)",
+                r.written, r.unchanged, r.deleted
             );
+            report.lock().unwrap().single(&what, "ms", ms);
         }
         anyhow::Ok(())
     })?;
-    Ok(())
+    report.into_inner().unwrap().finish()
 }
