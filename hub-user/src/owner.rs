@@ -105,9 +105,10 @@ pub fn acquire(
             }))
         }
         Instance::Host => {
+            let claim = lock_file(dir, "claim.lock").map_err(err(dir, "claim.lock"))?;
             let mut told = false;
             loop {
-                if !claimed(dir)?
+                if !claim_held(&claim).map_err(err(dir, "claim.lock"))?
                     && flock(&owner, libc::LOCK_EX, false).map_err(err(dir, "owner.lock"))?
                 {
                     return Ok(Some(Ownership {
@@ -137,18 +138,34 @@ fn own_binary_replaced() -> bool {
 /// Whether a DaemonSet hub holds (or is taking) the claim on the node.
 pub fn claimed(dir: &Path) -> Result<bool, OwnerError> {
     let claim = lock_file(dir, "claim.lock").map_err(err(dir, "claim.lock"))?;
-    // A shared lock is granted only while no one holds the exclusive one; it is let go
-    // again when `claim` closes, at the end of this function.
-    Ok(!flock(&claim, libc::LOCK_SH, false).map_err(err(dir, "claim.lock"))?)
+    claim_held(&claim).map_err(err(dir, "claim.lock"))
 }
 
-/// Resolves once a DaemonSet hub claims the node (for the host copy, to hand over).
+/// Whether someone holds `claim` (the open claim.lock) exclusively: a shared lock is
+/// granted only while no one does, and is let go again at once.
+fn claim_held(claim: &File) -> std::io::Result<bool> {
+    if flock(claim, libc::LOCK_SH, false)? {
+        flock(claim, libc::LOCK_UN, true)?;
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// Resolves once a DaemonSet hub claims the node (for the host copy, to hand over). The
+/// lock file is opened once and polled.
 pub async fn until_claimed(dir: PathBuf) {
+    let claim = match lock_file(&dir, "claim.lock") {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!("{}: cannot watch for a DaemonSet hub: {e}", dir.display());
+            return std::future::pending().await;
+        }
+    };
     loop {
-        match claimed(&dir) {
+        match claim_held(&claim) {
             Ok(true) => return,
             Ok(false) => {}
-            Err(e) => tracing::warn!("{e}"),
+            Err(e) => tracing::warn!("{}/claim.lock: {e}", dir.display()),
         }
         tokio::time::sleep(CLAIM_POLL).await;
     }

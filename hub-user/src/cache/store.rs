@@ -747,13 +747,10 @@ impl Store {
         }
     }
 
-    /// How many batches have written objects of `gvr` for `credential` in this process.
-    pub fn generation(&self, credential: &str, gvr: &str) -> u64 {
+    /// How many batches have written objects of `scope` (a `scope_key`) in this process.
+    pub fn generation(&self, scope: &str) -> u64 {
         let generations = self.generations.lock().unwrap_or_else(|p| p.into_inner());
-        generations
-            .get(&scope_key(credential, gvr))
-            .copied()
-            .unwrap_or(0)
+        generations.get(scope).copied().unwrap_or(0)
     }
 
     /// Counts a batch against every resource it may write objects of (before it is applied,

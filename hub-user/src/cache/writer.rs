@@ -451,7 +451,8 @@ struct Pending {
     id: String,
     items: u64,
     objects: u64,
-    scope: (String, String),
+    /// `store::scope_key` of the list's resource.
+    scope: String,
     generation_before: u64,
 }
 
@@ -483,18 +484,19 @@ impl SeenLists {
         let scope = store::scope_key(&target.credential, &target.gvr);
         (seen.items == fp.items
             && !self.touched.contains(&scope)
-            && store.generation(&target.credential, &target.gvr) == seen.generation)
+            && store.generation(&scope) == seen.generation)
             .then_some(seen.objects)
     }
 
     fn expect(&mut self, store: &Store, target: &Target, fp: &Fingerprint, objects: u64) {
         let Some(id) = list_id(target) else { return };
+        let scope = store::scope_key(&target.credential, &target.gvr);
         self.pending.push(Pending {
             id,
             items: fp.items,
             objects,
-            scope: (target.credential.clone(), target.gvr.clone()),
-            generation_before: store.generation(&target.credential, &target.gvr),
+            generation_before: store.generation(&scope),
+            scope,
         });
     }
 
@@ -511,12 +513,11 @@ impl SeenLists {
             .count() as u64;
         let all_whole = applied.is_some_and(|a| a.lists_whole == lists);
         for p in std::mem::take(&mut self.pending) {
-            let key = store::scope_key(&p.scope.0, &p.scope.1);
             let writes_of_scope = writes
                 .iter()
-                .filter(|w| w.scope().as_ref() == Some(&key))
+                .filter(|w| w.scope().as_ref() == Some(&p.scope))
                 .count();
-            let now = store.generation(&p.scope.0, &p.scope.1);
+            let now = store.generation(&p.scope);
             if all_whole && writes_of_scope == 1 && now == p.generation_before + 1 {
                 if self.seen.len() >= SEEN_MAX {
                     self.seen.clear();
@@ -732,16 +733,21 @@ mod tests {
         .into()
     }
 
+    /// The node's kubelet's JSON pods, as `kind` (a GET, a list, a watch).
+    fn pods_target(kind: TargetKind) -> Target {
+        Target {
+            credential: "node".into(),
+            component: "kubelet".into(),
+            gvr: "/v1/pods".into(),
+            resource: "pods".into(),
+            encoding: Encoding::Json,
+            kind,
+        }
+    }
+
     fn get(body: Bytes) -> Op {
         Op::Whole {
-            target: Target {
-                credential: "node".into(),
-                component: "kubelet".into(),
-                gvr: "/v1/pods".into(),
-                resource: "pods".into(),
-                encoding: Encoding::Json,
-                kind: TargetKind::Object,
-            },
+            target: pods_target(TargetKind::Object),
             // Split like a body that arrived in two frames.
             body: vec![body.slice(..10), body.slice(10..)],
             gzip: false,
@@ -758,19 +764,12 @@ mod tests {
             items.join(",")
         ));
         Op::Whole {
-            target: Target {
-                credential: "node".into(),
-                component: "kubelet".into(),
-                gvr: "/v1/pods".into(),
-                resource: "pods".into(),
-                encoding: Encoding::Json,
-                kind: TargetKind::List {
-                    namespace: "d".into(),
-                    label_selector: String::new(),
-                    field_selector: String::new(),
-                    continue_from: None,
-                },
-            },
+            target: pods_target(TargetKind::List {
+                namespace: "d".into(),
+                label_selector: String::new(),
+                field_selector: String::new(),
+                continue_from: None,
+            }),
             body: vec![body.slice(..120), body.slice(120..)],
             gzip: false,
         }
@@ -782,16 +781,9 @@ mod tests {
             String::from_utf8(pod(name, rv).to_vec()).unwrap()
         );
         Op::Event {
-            target: Target {
-                credential: "node".into(),
-                component: "kubelet".into(),
-                gvr: "/v1/pods".into(),
-                resource: "pods".into(),
-                encoding: Encoding::Json,
-                kind: TargetKind::Watch {
-                    selection_may_change: false,
-                },
-            },
+            target: pods_target(TargetKind::Watch {
+                selection_may_change: false,
+            }),
             frame: Bytes::from(frame),
         }
     }
