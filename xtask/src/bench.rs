@@ -14,9 +14,9 @@ pub fn run(what: &str, rounds: usize, output: Output) -> Result<()> {
     match what {
         "intercept" => intercept(rounds, output),
         "proxy" => crate::bench_proxy::proxy(rounds, output),
-        "cache" => crate::bench_cache::cache(rounds),
-        "pool" => crate::bench_pool::pool(),
-        "pool-scale" => crate::bench_pool::scale(),
+        "cache" => crate::bench_cache::cache(rounds, output),
+        "pool" => crate::bench_pool::pool(output),
+        "pool-scale" => crate::bench_pool::scale(output),
         "coordinator" => crate::bench_coordinator::coordinator(rounds, output),
         other => {
             bail!(

@@ -13,7 +13,7 @@ use hub_tests::{apiserver::ADMIN_TOKEN, hub::HubProc};
 use hyper::Request;
 use serde_json::Value;
 
-use crate::bench::{COMPONENT, Http, Stack, rss_kib};
+use crate::bench::{COMPONENT, Http, Output, Report, Stack, rss_kib};
 
 /// As kubelet asks: protobuf, JSON acceptable.
 const PROTOBUF: &str = "application/vnd.kubernetes.protobuf, application/json";
@@ -103,7 +103,7 @@ async fn across(
     bail!("no wanted answer within 30 s")
 }
 
-pub fn cache(rounds: usize) -> Result<()> {
+pub fn cache(rounds: usize, output: Output) -> Result<()> {
     let rounds = rounds.clamp(5, 50);
     let mut stack = Stack::start("bc", &["--nodes", "10", "--pods-per-node", "1000"])?;
     let (client, direct, via) = (
@@ -121,7 +121,10 @@ pub fn cache(rounds: usize) -> Result<()> {
     let pod = "/api/v1/namespaces/default/pods/pod-3-7";
     let mib = |kib: u64| kib as f64 / 1024.0;
 
-    println!("bench cache: release stand-in with 10k pods over TLS (HTTP/2), release hub");
+    let mut report = Report::new("cache", output);
+    report.line(&format!(
+        "bench cache: release stand-in with 10k pods over TLS (HTTP/2), release hub, {rounds} rounds"
+    ));
     let idle = rss_kib(stack.hub.proc.pid()).unwrap_or(0);
 
     // Writes: 1k pods, then a 10k-pod protobuf list (as kubelet asks).
@@ -221,79 +224,75 @@ pub fn cache(rounds: usize) -> Result<()> {
         |a| a.status == 200 && a.cached,
     ))?;
 
-    println!("{:<52} {:>12}", "metric", "value");
-    let line = |m: &str, v: String| println!("{m:<52} {v:>12}");
-    line(
-        "LIST 10k pods protobuf, direct p50",
-        format!("{direct_10k:.1} ms"),
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    report.section("LIST 10k pods protobuf, p50");
+    report.row(
+        "LIST 10k pods protobuf p50",
+        "ms",
+        vec![
+            ("direct".into(), direct_10k),
+            ("hub (cloud up, teeing)".into(), online_10k),
+            ("hub from its cache (cloud frozen)".into(), cached_10k),
+        ],
+        true,
     );
-    line(
-        "LIST 10k pods protobuf, via hub online p50",
-        format!("{online_10k:.1} ms"),
-    );
-    line(
-        "LIST 10k pods protobuf, via hub from cache p50",
-        format!("{cached_10k:.1} ms"),
-    );
-    line(
-        "  from cache / direct",
-        format!("{:.2}x", cached_10k / direct_10k),
-    );
-    line(
-        "  online via hub / direct",
-        format!("{:.2}x", online_10k / direct_10k),
-    );
-    line(
-        "cache write: 10k-pod list answered / all stored",
-        format!(
-            "{:.0}/{:.0} ms",
-            listed.as_secs_f64() * 1e3,
-            stored.as_secs_f64() * 1e3
-        ),
-    );
-    line(
+    report.section("cache writes and memory");
+    report.single("10k-pod list answered", "ms", ms(listed));
+    report.single("10k-pod list all stored", "ms", ms(stored));
+    report.single(
         "cache write rate",
-        format!("{:.0} obj/s", 10_000.0 / stored.as_secs_f64()),
+        "objects/s",
+        10_000.0 / stored.as_secs_f64(),
     );
-    line("hub RSS idle", format!("{:.1} MiB", mib(idle)));
-    line(
-        "hub RSS after caching 1k pods",
-        format!("{:.1} MiB", mib(rss_1k)),
+    report.single("hub RSS idle", "MiB", mib(idle));
+    report.single("hub RSS after caching 1k pods", "MiB", mib(rss_1k));
+    report.single("hub RSS after caching 10k pods", "MiB", mib(rss_10k));
+    report.single(
+        "hub RSS after serving 10k from its cache",
+        "MiB",
+        mib(rss_served),
     );
-    line(
-        "hub RSS after caching 10k pods",
-        format!("{:.1} MiB", mib(rss_10k)),
+    report.single(
+        "store file (10k + 1k pods)",
+        "MiB",
+        file_bytes as f64 / 1048576.0,
     );
-    line(
-        "hub RSS after serving 10k from cache",
-        format!("{:.1} MiB", mib(rss_served)),
+    report.single(
+        "their payload (protobuf)",
+        "MiB",
+        (pb_1k_bytes + pb_10k_bytes) as f64 / 1048576.0,
     );
-    line(
-        "store file / payload (10k + 1k pods, protobuf)",
-        format!(
-            "{:.1}/{:.1} MiB",
-            file_bytes as f64 / 1048576.0,
-            (pb_1k_bytes + pb_10k_bytes) as f64 / 1048576.0
-        ),
+    report.section("outages, 1k-pod lists in a loop");
+    report.single(
+        "cloud frozen -> first cached answer",
+        "ms",
+        ms(to_cache_frozen),
     );
-    line(
-        "cloud frozen -> first cached answer (1k lists)",
-        format!("{:.0} ms", to_cache_frozen.as_secs_f64() * 1e3),
+    report.single(
+        "requests failed while it froze",
+        "requests",
+        failed_frozen as f64,
     );
-    line("  requests failed meanwhile", failed_frozen.to_string());
-    line(
-        "cloud killed -> first cached answer (1k lists)",
-        format!("{:.0} ms", to_cache_dead.as_secs_f64() * 1e3),
+    report.single(
+        "cloud killed -> first cached answer",
+        "ms",
+        ms(to_cache_dead),
     );
-    line("  requests failed meanwhile", failed_dead.to_string());
-    line(
-        "cloud back -> traffic returns to it",
-        format!("{:.0} ms", back.as_secs_f64() * 1e3),
+    report.single(
+        "requests failed while it died",
+        "requests",
+        failed_dead as f64,
     );
-    line("  requests failed meanwhile", failed_back.to_string());
-    line(
+    report.single("cloud back -> traffic returns to it", "ms", ms(back));
+    report.single(
+        "requests failed while it came back",
+        "requests",
+        failed_back as f64,
+    );
+    report.single(
         "offline start (10k cached) -> first cached answer",
-        format!("{:.0} ms", first.as_secs_f64() * 1e3),
+        "ms",
+        ms(first),
     );
-    Ok(())
+    report.finish()
 }

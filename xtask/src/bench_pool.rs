@@ -15,7 +15,7 @@ use hyper::Request;
 
 use hub_tests::hub::HubProc;
 
-use crate::bench::{COMPONENT, Http, Stack, rss_kib};
+use crate::bench::{COMPONENT, Http, Output, Report, Stack, rss_kib};
 
 const NODES: usize = 3;
 const PODS: usize = 3000;
@@ -126,7 +126,7 @@ fn member_metric(url: &str, name: &str) -> Option<f64> {
 /// the re-push after the coordinator is wiped, with its leader killed during it (nothing
 /// acknowledged may be lost, the pool must converge); one hub killed: time until the
 /// leader's sweep has removed what only it held; each member's RSS.
-pub fn scale() -> Result<()> {
+pub fn scale(output: Output) -> Result<()> {
     const SCALE_HUBS: usize = 50;
     const SCALE_PODS: usize = 500;
     const GRACE_S: u64 = 4;
@@ -227,69 +227,78 @@ pub fn scale() -> Result<()> {
         .map(|(h, _)| h.status()["coordinator"]["gc"].clone())
         .unwrap_or_default();
 
-    println!(
+    let mut report = Report::new("pool-scale", output);
+    report.line(&format!(
         "bench pool-scale: {SCALE_HUBS} release hubs (one node each) × {SCALE_PODS} pods, a 3-member etcd, on this 2-core machine"
-    );
-    println!("{:<64} {:>14}", "metric", "value");
-    let line = |m: &str, v: String| println!("{m:<64} {v:>14}");
-    let mib = |b: u64| format!("{:.1} MiB", b as f64 / 1048576.0);
-    line("hubs started and ready", format!("{start_s:.1} s"));
-    line(
+    ));
+    let mib = |b: u64| b as f64 / 1048576.0;
+    report.section(&format!(
+        "{SCALE_HUBS} hubs × {SCALE_PODS} pods, a 3-member etcd"
+    ));
+    report.single("hubs started and ready", "s", start_s);
+    report.single(
         &format!("lists answered -> all {total} pods in the coordinator"),
-        format!("{:.1} s", first.as_secs_f64()),
+        "s",
+        first.as_secs_f64(),
     );
-    line(
-        "etcd writes (revisions) for that first push",
-        (rev1 - rev0).to_string(),
+    report.single(
+        "etcd writes for that first push",
+        "revisions",
+        (rev1 - rev0) as f64,
     );
-    line(
-        "etcd WAL bytes written for it, all members",
+    report.single(
+        "etcd WAL written for it, all members",
+        "MiB",
         mib(wal1 - wal0),
     );
-    line(
+    report.single(
         "pods held as JSON (the kubelets read protobuf)",
-        as_json.to_string(),
+        "pods",
+        as_json as f64,
     );
-    line("etcd database size after it", mib(db1));
-    line(
+    report.single("etcd database after it", "MiB", mib(db1));
+    report.single(
         &format!(
             "etcd writes over {} s with nothing changing",
             QUIET.as_secs()
         ),
-        (rev2 - rev1).to_string(),
+        "revisions",
+        (rev2 - rev1) as f64,
     );
-    line(
-        &format!(
-            "etcd WAL bytes over those {} s, all members",
-            QUIET.as_secs()
-        ),
+    report.single(
+        &format!("etcd WAL over those {} s, all members", QUIET.as_secs()),
+        "MiB",
         mib(wal2 - wal1),
     );
-    line("leaders in the pool", leaders_quiet.to_string());
-    line("hub RSS, mean", format!("{rss_mean:.1} MiB"));
+    report.single("leaders in the pool", "hubs", leaders_quiet as f64);
+    report.single("hub RSS, mean", "MiB", rss_mean);
     for (i, kib) in rss_members.iter().enumerate() {
-        line(&format!("etcd member {i} RSS"), mib(kib * 1024));
+        report.single(&format!("etcd member {i} RSS"), "MiB", mib(kib * 1024));
     }
-    line(
-        "coordinator wiped -> all pods re-pushed (leader killed on the way)",
-        format!("{:.1} s", again.as_secs_f64()),
+    report.single(
+        "coordinator wiped -> all pods re-pushed (etcd leader killed on the way)",
+        "s",
+        again.as_secs_f64(),
     );
-    line(
+    report.single(
         "pods in the coordinator when its etcd leader was killed",
-        before_kill.to_string(),
+        "pods",
+        before_kill as f64,
     );
-    line(
-        "pods in the coordinator at the end of the re-push",
-        total.to_string(),
+    report.single(
+        "pods in the coordinator after the re-push",
+        "pods",
+        total as f64,
     );
-    line("etcd writes for the re-push", rev3.to_string());
-    line("etcd database size after it", mib(db3));
-    line(
+    report.single("etcd writes for the re-push", "revisions", rev3 as f64);
+    report.single("etcd database after it", "MiB", mib(db3));
+    report.single(
         &format!("hub killed -> its pods swept (grace {GRACE_S} s)"),
-        format!("{:.1} s", swept.as_secs_f64()),
+        "s",
+        swept.as_secs_f64(),
     );
-    println!("  leader's sweep counters: {leader_gc}");
-    Ok(())
+    report.line(&format!("  leader's sweep counters: {leader_gc}"));
+    report.finish()
 }
 
 /// Each node's kubelet-style client lists its own node's pods (protobuf, as kubelet asks)
@@ -372,7 +381,7 @@ fn node_pool(
     })
 }
 
-pub fn pool() -> Result<()> {
+pub fn pool(output: Output) -> Result<()> {
     let NodePool {
         mut etcd,
         stack: _stack,
@@ -397,52 +406,60 @@ pub fn pool() -> Result<()> {
     let wiped = Instant::now();
     let again = wait_pods(&etcd, NODES * PODS, wiped)?;
     let (json_again, _) = pods_as_json(&etcd)?;
-    println!(
+    let mut report = Report::new("pool", output);
+    report.line(&format!(
         "bench pool: {NODES} release hubs × {PODS} pods (protobuf, as kubelet asks), one etcd member"
-    );
-    println!("{:<56} {:>10}", "metric", "value");
-    println!(
-        "{:<56} {:>7.0} ms",
+    ));
+    report.section(&format!("{NODES} hubs × {PODS} pods, one etcd member"));
+    report.single(
         "lists answered -> all pods in the coordinator",
-        first.as_secs_f64() * 1e3
+        "ms",
+        first.as_secs_f64() * 1e3,
     );
-    println!(
-        "{:<56} {:>7.0} ms",
+    report.single(
         "coordinator wiped -> all pods re-pushed (target 3000)",
-        again.as_secs_f64() * 1e3
+        "ms",
+        again.as_secs_f64() * 1e3,
     );
-    println!(
-        "{:<56} {json_first:>10} / {json_again}",
-        "pods held as JSON (first push / re-push)"
-    );
+    report.single("pods held as JSON, first push", "pods", json_first as f64);
+    report.single("pods held as JSON, re-push", "pods", json_again as f64);
     for (hub, _) in &hubs {
         let c = hub.status()["coordinator"].clone();
-        println!(
+        report.line(&format!(
             "  hub: {} full pushes, last push {} ms, role {}",
             c["full_pushes"], c["last_push_ms"], c["role"]
-        );
+        ));
     }
     drop(hubs);
     drop(etcd);
 
     const WATCHERS: usize = 5;
     let [without, with] = leader_path(WATCHERS)?;
-    println!(
-        "bench pool: {WATCHERS} nodes' kube-proxies list+watch services, endpoints, endpointslices (50 services) through their hubs"
+    report.section(&format!(
+        "{WATCHERS} nodes' kube-proxies list+watch services, endpoints, endpointslices (50 services)"
+    ));
+    let pair = |a: u64, b: u64| {
+        vec![
+            ("no pool".into(), a as f64),
+            ("with the leader".into(), b as f64),
+        ]
+    };
+    report.row(
+        "watches open at the cloud (3 pool-scope resources)",
+        "watches",
+        pair(without.0, with.0),
+        false,
     );
-    println!("{:<56} {:>10} {:>10}", "metric", "no pool", "leader");
-    println!(
-        "{:<56} {:>10} {:>10}",
-        "watches open at the cloud (3 pool-scope resources)", without.0, with.0
+    report.row(
+        "bytes the cloud sent for one endpointslice change",
+        "bytes",
+        pair(without.1, with.1),
+        false,
     );
-    println!(
-        "{:<56} {:>10} {:>10}",
-        "bytes the cloud sent for one endpointslice change", without.1, with.1
+    report.line(
+        "  with the leader: its sync watches (one per resource) plus its own node's kube-proxy; followers' kube-proxies never reach the cloud",
     );
-    println!(
-        "  with the leader: its sync watches (one per resource) plus its own node's kube-proxy; followers' kube-proxies never reach the cloud"
-    );
-    Ok(())
+    report.finish()
 }
 
 /// What the cloud reports of its edge traffic: (open watches, response bytes), all users.

@@ -27,7 +27,7 @@ commands:
                --step pauses between steps
   bench WHAT   release-build benchmarks as ratios against direct, same run
                (WHAT: intercept, proxy, cache, coordinator, pool, pool-scale); --rounds N;
-               --output json (proxy, intercept, coordinator): the figures as one JSON document on stdout
+               --output json: the figures as one JSON document on stdout
   bench-doc    rebuild the tables of docs/benchmarks.md from the runs kept in docs/bench/
                (JSON from bench --output json); --check fails if the document differs
   soak         two hubs of one pool under node traffic while the cloud, etcd members, the
