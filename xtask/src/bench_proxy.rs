@@ -17,7 +17,9 @@ use http_body_util::{BodyExt, Empty, Full};
 use hub_tests::apiserver::{ADMIN_TOKEN, faults::FaultSettings};
 use hyper::Request;
 
-use crate::bench::{COMPONENT, Http, Output, Report, Stack, cpu_ns, rss_kib, status_kib};
+use crate::bench::{
+    COMPONENT, Http, Output, Report, Stack, cpu_ns, cpu_ns_by_thread, rss_kib, status_kib,
+};
 
 fn percentile(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -115,6 +117,8 @@ struct Bench<'a> {
     /// The stand-in's address, for its control endpoints.
     direct: String,
     hub_pid: u32,
+    /// The hub's CPU by thread name when the last `cpu_now` was taken.
+    hub_threads: std::collections::BTreeMap<String, u64>,
     report: Report,
 }
 
@@ -183,6 +187,7 @@ pub fn proxy(rounds: usize, output: Output) -> Result<()> {
         bases,
         direct: stack.direct.clone(),
         hub_pid: hub.proc.pid(),
+        hub_threads: Default::default(),
         report: Report::new("proxy", output),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -260,8 +265,9 @@ impl Bench<'_> {
 
     /// Each process's CPU so far, the hub's once its cache writer is done with what it
     /// was given (its work on an answer runs after the answer went out).
-    fn cpu_now(&self) -> Vec<u64> {
+    fn cpu_now(&mut self) -> Vec<u64> {
         self.settle_hub();
+        self.hub_threads = cpu_ns_by_thread(self.hub_pid);
         self.bases.iter().map(|b| cpu_ns(b.pid)).collect()
     }
 
@@ -292,7 +298,19 @@ impl Bench<'_> {
 
     /// CPU per request of each proxy (not the stand-in: it served every base).
     fn cpu_row(&mut self, metric: &str, before: &[u64], requests: usize) {
+        let threads_before = std::mem::take(&mut self.hub_threads);
         let after = self.cpu_now();
+        // Where the hub's share went, for whoever wants to make it smaller.
+        let split: Vec<String> = self
+            .hub_threads
+            .iter()
+            .map(|(name, ns)| {
+                let used = ns.saturating_sub(threads_before.get(name).copied().unwrap_or(0));
+                format!("{name} {:.0}", used as f64 / requests as f64 / 1e3)
+            })
+            .collect();
+        self.report
+            .line(&format!("  the hub's by thread (µs): {}", split.join(", ")));
         let values = self
             .bases
             .iter()

@@ -14,6 +14,7 @@ pub mod inspect;
 pub mod objects;
 pub mod offline;
 mod patch;
+mod repeats;
 mod scan;
 pub mod select;
 pub mod serve;

@@ -171,11 +171,7 @@ impl Tee {
         } = &mut self.sink
             && let Some(target) = target.take()
         {
-            self.writer.send(Op::Whole {
-                target,
-                body: std::mem::take(parts),
-                gzip: *gzip,
-            });
+            self.writer.send_whole(target, std::mem::take(parts), *gzip);
         }
     }
 }

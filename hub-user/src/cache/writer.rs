@@ -19,6 +19,7 @@ use crate::kproto;
 use super::{
     fingerprint::{self, Fingerprint},
     objects::{self, Encoding, EventType, Item},
+    repeats::{self, Repeats},
     select::Selector,
     store::{self, Applied, ObjectKey, Snapshot, Store, Write},
 };
@@ -183,9 +184,23 @@ impl Stats {
 pub struct Writer {
     tx: mpsc::Sender<Op>,
     stats: Arc<Stats>,
+    repeats: Arc<Repeats>,
 }
 
 impl Writer {
+    /// Hands a whole answer over, unless it is a GET answer the store is known to hold
+    /// already (then it is only counted, as the writer would have).
+    pub fn send_whole(&self, target: Target, body: Vec<Bytes>, gzip: bool) {
+        if let Some(key) = repeats::key(&target, gzip, &body)
+            && self.repeats.held(key)
+        {
+            self.stats.stale.fetch_add(1, Ordering::Relaxed);
+            self.stats.scanned_only.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.send(Op::Whole { target, body, gzip });
+    }
+
     pub fn send(&self, op: Op) {
         self.stats.pending.fetch_add(1, Ordering::Relaxed);
         if self.tx.send(op).is_err() {
@@ -219,14 +234,16 @@ struct Staged {
 pub fn start(store: Arc<Store>, stats: Arc<Stats>) -> Writer {
     let (tx, rx) = mpsc::channel::<Op>();
     let thread_stats = stats.clone();
+    let repeats = Arc::new(Repeats::new(store.clone()));
+    let thread_repeats = repeats.clone();
     std::thread::Builder::new()
         .name("hub-cache-writer".into())
-        .spawn(move || run(store, rx, thread_stats))
+        .spawn(move || run(store, rx, thread_stats, &thread_repeats))
         .expect("spawn cache writer thread");
-    Writer { tx, stats }
+    Writer { tx, stats, repeats }
 }
 
-fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
+fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>, repeats: &Repeats) {
     let mut staged: HashMap<String, Staged> = HashMap::new();
     let mut backlog = Backlog::default();
     let mut seen = SeenLists::default();
@@ -259,6 +276,10 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
         let mut snapshot = None;
         seen.note(&backlog.writes);
         for op in ops {
+            let repeat = match &op {
+                Op::Whole { target, body, gzip } => repeats::key(target, *gzip, body),
+                _ => None,
+            };
             let op = match decoded(op) {
                 Ok(op) => op,
                 Err(e) => {
@@ -272,6 +293,9 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>) {
                 op if already_held(&mut Held::new(&store, &mut snapshot), &op) => {
                     stats.stale.fetch_add(1, Ordering::Relaxed);
                     stats.scanned_only.fetch_add(1, Ordering::Relaxed);
+                    if let (Some(key), Op::Whole { target, .. }) = (repeat, &op) {
+                        repeats.vouch(key, target);
+                    }
                 }
                 op => match prepare(
                     op,
@@ -845,6 +869,50 @@ mod tests {
         // A changed item is never taken for the same list.
         let (written, _, _) = applied(list(202, &[("a", 6), ("b", 5)]));
         assert_eq!(written, 4);
+        drop(writer);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A GET answer the writer found the store holding is recognised on the sender's side
+    /// from then on (counted at once, never handed over), until anything writes its
+    /// resource again: after a list that pruned the object, the same answer goes to the
+    /// writer again, which judges it against what the store now holds.
+    #[test]
+    fn repeats_are_recognised_before_the_writer_until_their_resource_is_written() {
+        let (dir, store, stats, writer) = writer_on_temp_store("known");
+        let stale = || stats.stale.load(Ordering::Relaxed);
+        let send_a = || {
+            let body = pod("a", 5);
+            let parts = vec![body.slice(..10), body.slice(10..)];
+            writer.send_whole(pods_target(TargetKind::Object), parts, false);
+        };
+        let flush = || writer.flush_within(Duration::from_secs(30));
+        send_a();
+        flush();
+        assert_eq!(stats.written.load(Ordering::Relaxed), 1);
+        send_a();
+        assert_eq!(stale(), 0, "the writer has not vouched for it yet");
+        flush();
+        assert_eq!(stale(), 1, "found held by the writer");
+        send_a();
+        assert_eq!(stale(), 2, "recognised before the writer, with no wait");
+        // A list of the namespace without a prunes it.
+        writer.send(list(100, &[("b", 5)]));
+        flush();
+        assert_eq!(stats.deleted.load(Ordering::Relaxed), 1);
+        send_a();
+        assert_eq!(stale(), 2, "the resource was written since: handed over");
+        flush();
+        // The writer judges it: the list that left a out is newer than this answer.
+        assert_eq!(stale(), 3);
+        let live: Vec<(String, u64)> = store
+            .scan(&super::super::store::prefix("node", "/v1/pods", None, None))
+            .unwrap()
+            .into_iter()
+            .filter(|(_, r)| !r.deleted)
+            .map(|(k, r)| (k.name, r.item.rv))
+            .collect();
+        assert_eq!(live, [("b".to_string(), 5)]);
         drop(writer);
         std::fs::remove_dir_all(dir).unwrap();
     }
