@@ -50,6 +50,9 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn figure(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        return format!("{v:.0}"); // a count
+    }
     match v.abs() {
         x if x >= 100.0 => format!("{v:.0}"),
         x if x >= 10.0 => format!("{v:.1}"),
@@ -72,13 +75,14 @@ fn table(runs: &[Value]) -> String {
         first["machine"]["cpu"].as_str().unwrap_or("?"),
         first["machine"]["kernel"].as_str().unwrap_or("?"),
     );
-    // Rows and columns in the order of the first run.
-    let mut labels: Vec<String> = Vec::new();
+    // Rows, and each section's columns, in the order of the first run.
+    let mut columns: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut rows: Vec<(String, String, String)> = Vec::new();
     for row in first["rows"].as_array().into_iter().flatten() {
         let section = row["section"].as_str().unwrap_or_default().to_string();
         let metric = row["metric"].as_str().unwrap_or_default().to_string();
         let unit = row["unit"].as_str().unwrap_or_default().to_string();
+        let labels = columns.entry(section.clone()).or_default();
         for label in row["values"]
             .as_object()
             .into_iter()
@@ -93,6 +97,7 @@ fn table(runs: &[Value]) -> String {
     }
     let mut section = String::new();
     for (sec, metric, unit) in rows {
+        let labels = &columns[&sec];
         if sec != section {
             out.push_str(&format!(
                 "\n**{sec}**\n\n| metric | unit | {} |\n|---|---|{}\n",
@@ -102,7 +107,7 @@ fn table(runs: &[Value]) -> String {
             section = sec.clone();
         }
         let mut cells = Vec::new();
-        for label in &labels {
+        for label in labels {
             let mut values: Vec<f64> = runs
                 .iter()
                 .flat_map(|r| r["rows"].as_array().into_iter().flatten())
