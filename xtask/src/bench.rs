@@ -274,10 +274,7 @@ pub fn cpu_ns(pid: u32) -> u64 {
     };
     for task in tasks.flatten() {
         let p = task.path();
-        total += std::fs::read_to_string(p.join("schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0);
+        total += task_cpu_ns(&p);
         let children = std::fs::read_to_string(p.join("children")).unwrap_or_default();
         for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
             total += cpu_ns(child);
@@ -295,13 +292,17 @@ pub fn cpu_ns_by_thread(pid: u32) -> std::collections::BTreeMap<String, u64> {
     for task in tasks.flatten() {
         let p = task.path();
         let name = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
-        let ns = std::fs::read_to_string(p.join("schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0);
-        *out.entry(name.trim().to_string()).or_default() += ns;
+        *out.entry(name.trim().to_string()).or_default() += task_cpu_ns(&p);
     }
     out
+}
+
+/// One thread's CPU time so far, from `/proc/PID/task/TID/schedstat`.
+fn task_cpu_ns(task: &std::path::Path) -> u64 {
+    std::fs::read_to_string(task.join("schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0)
 }
 
 pub fn rss_kib(pid: u32) -> Option<u64> {
