@@ -60,21 +60,24 @@ enum Counter {
     TraceLost,
 }
 
+/// Adds one to a VIP's counter on this CPU; returns the new count (0 without an entry).
 #[inline(always)]
-fn count(vip: &Endpoint, counter: Counter) {
+fn count(vip: &Endpoint, counter: Counter) -> u64 {
     let Some(stats) = HUB_VIP_STATS.get_ptr_mut(vip) else {
-        return;
+        return 0;
     };
     // SAFETY: the pointer comes from a successful lookup of this CPU's slot. Migration is
     // disabled while a program runs; a rare same-CPU preemption may lose an increment, which
     // is acceptable for diagnostic counters.
     unsafe {
-        match counter {
-            Counter::Redirected => (*stats).redirected += 1,
-            Counter::Bypassed => (*stats).bypassed += 1,
-            Counter::Errors => (*stats).errors += 1,
-            Counter::TraceLost => (*stats).trace_lost += 1,
-        }
+        let field = match counter {
+            Counter::Redirected => addr_of_mut!((*stats).redirected),
+            Counter::Bypassed => addr_of_mut!((*stats).bypassed),
+            Counter::Errors => addr_of_mut!((*stats).errors),
+            Counter::TraceLost => addr_of_mut!((*stats).trace_lost),
+        };
+        *field += 1;
+        *field
     }
 }
 
@@ -131,7 +134,14 @@ fn redirect_target(ctx: &SockAddrContext, dst: &Endpoint) -> Option<Endpoint> {
     if !sk.is_null() && settings.bypass_mark != 0 && unsafe { (*sk).mark } == settings.bypass_mark {
         count(dst, Counter::Bypassed);
         if settings.trace != 0 {
-            trace(dst, &Endpoint::default(), pid, cgroup_id, VERDICT_BYPASSED);
+            trace(
+                ctx,
+                dst,
+                &Endpoint::default(),
+                pid,
+                cgroup_id,
+                VERDICT_BYPASSED,
+            );
         }
         return None;
     }
@@ -153,14 +163,22 @@ fn redirect_target(ctx: &SockAddrContext, dst: &Endpoint) -> Option<Endpoint> {
     };
     count(dst, Counter::Redirected);
     if settings.trace != 0 {
-        trace(dst, &target.target, pid, cgroup_id, verdict);
+        trace(ctx, dst, &target.target, pid, cgroup_id, verdict);
     }
     Some(target.target)
 }
 
-/// Writes one connect to the trace ring buffer; a full buffer is counted, never waited on.
+/// Writes one connect to the trace ring buffer; a full buffer is counted, never waited on,
+/// and said in the programs' log at the first loss on a CPU and every 1024th after.
 #[inline(always)]
-fn trace(dst: &Endpoint, to: &Endpoint, pid: u32, cgroup_id: u64, verdict: u32) {
+fn trace(
+    ctx: &SockAddrContext,
+    dst: &Endpoint,
+    to: &Endpoint,
+    pid: u32,
+    cgroup_id: u64,
+    verdict: u32,
+) {
     let event = TraceEvent {
         // SAFETY: helper without arguments, allowed in every program type.
         time_ns: unsafe { bpf_ktime_get_ns() },
@@ -172,7 +190,14 @@ fn trace(dst: &Endpoint, to: &Endpoint, pid: u32, cgroup_id: u64, verdict: u32) 
         comm: bpf_get_current_comm().unwrap_or_default(),
     };
     if HUB_TRACE.output(&event, 0).is_err() {
-        count(dst, Counter::TraceLost);
+        let lost = count(dst, Counter::TraceLost);
+        if lost % 1024 == 1 {
+            warn!(
+                ctx,
+                "hub trace: the trace ring buffer is full (the daemon is not reading it); {} connects on this CPU not traced",
+                lost
+            );
+        }
     }
 }
 

@@ -296,6 +296,74 @@ fn trace_lines_match_the_connections_made() {
     }
 }
 
+/// The programs' own log (aya-log) reaches `hub trace --logs`: with the daemon stopped, a
+/// burst of connects fills the trace ring, the connect hook says so in its log, and the
+/// daemon passes that on once it runs again.
+#[test]
+fn trace_logs_carry_the_programs_own_messages() {
+    if !privileged::check("trace_logs_carry_the_programs_own_messages") {
+        return;
+    }
+    let ns = Netns::new("tl");
+    let cg = Cgroup::new("tl");
+    let _up = upstream(&ns, &[UPSTREAM]);
+    let hub = HubProc::start(&ns, &spec(&cg, &[UPSTREAM]), None);
+    let (mut tracing, lines) = process::Proc::spawn_collecting(
+        hub.cli(&[
+            "trace",
+            "--admin",
+            "127.0.0.1:10267",
+            "--output",
+            "json",
+            "--logs",
+        ]),
+        "hub trace --logs",
+    );
+    wait_for(
+        "the trace to switch tracing on",
+        Duration::from_secs(10),
+        || (hub.bpf_status()["tracing"] == true).then_some(()),
+    );
+    let hub_signal = |sig| {
+        // SAFETY: kill(2) on the hub this test started.
+        assert_eq!(unsafe { libc::kill(hub.proc.pid() as i32, sig) }, 0);
+    };
+    // Nobody reads the ring now. More connects than it holds (256 KiB of 80-byte events
+    // and their headers); each is only attempted: the stopped hub answers none.
+    hub_signal(libc::SIGSTOP);
+    let mut burst = ns.command(hub_tests::probe_bin());
+    burst
+        .args(["connect", "--to", UPSTREAM, "--count", "4000"])
+        .args(["--concurrency", "32", "--no-wait", "--cgroup"])
+        .arg(cg.path());
+    let burst: Value =
+        serde_json::from_str(&process::output(burst, "hub-probe connect --no-wait")).unwrap();
+    hub_signal(libc::SIGCONT);
+    assert_eq!(burst["direct"], 0, "every connect was redirected: {burst}");
+
+    let message = wait_for(
+        "the programs' message about the full ring",
+        Duration::from_secs(30),
+        || {
+            lines
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find(|l| l["kind"] == "log")
+        },
+    );
+    assert_eq!(message["level"], "warn", "{message}");
+    let text = message["message"].as_str().unwrap();
+    assert!(
+        text.contains("trace ring buffer is full") && text.contains("not traced"),
+        "{message}"
+    );
+    let lost = hub.bpf_status()["vips"][0]["trace_lost"].as_u64().unwrap();
+    assert!(lost > 0, "the loss is counted too");
+    tracing.kill9();
+}
+
 /// e: kill -9 of the hub: within 1 s new connections reach the upstream directly, and
 /// nothing of the hub stays attached to the cgroup.
 #[test]

@@ -4,11 +4,13 @@
 //!   hub-probe serve --listen ADDR [--listen ADDR ...]
 //!       Prints "ready" once bound. Per connection: reads one line, answers
 //!       "echo:<line> peer=<peer address>" and closes.
-//!   hub-probe connect --to ADDR [--count N] [--concurrency C] [--cgroup DIR]
+//!   hub-probe connect --to ADDR [--count N] [--concurrency C] [--cgroup DIR] [--no-wait]
 //!       Joins DIR first (if given), makes N connections, prints one JSON summary line:
 //!       {"pid", "ok", "failed", "direct", "via_hub", "errors"} where "direct" means the
 //!       socket ended up connected to ADDR itself and "via_hub" that a connect hook sent
 //!       it elsewhere (the kernel reports the rewritten peer) and the echo still came back.
+//!       With --no-wait each connection is only attempted (connect() called, the hooks
+//!       run) and closed: "ok" counts those the kernel completed within 50 ms.
 //!   hub-probe hold --to ADDR [--cgroup DIR]
 //!       Joins DIR first (if given), connects and prints {"held", "direct"}; then, at each
 //!       line on stdin, sends a line on the held connection as a keep-alive client would —
@@ -124,6 +126,18 @@ fn one(to: SocketAddr, i: usize) -> Result<Outcome, String> {
     if !line.starts_with(&format!("echo:{payload} peer=")) {
         return Err(format!("unexpected reply {line:?}"));
     }
+    Ok(if peer == canonical(to) {
+        Outcome::Direct
+    } else {
+        Outcome::ViaHub
+    })
+}
+
+/// connect() called and the socket closed: the hooks ran, whether or not anyone answers.
+fn attempt(to: SocketAddr) -> Result<Outcome, String> {
+    let conn =
+        TcpStream::connect_timeout(&to, Duration::from_millis(50)).map_err(|e| e.to_string())?;
+    let peer = canonical(conn.peer_addr().map_err(|e| e.to_string())?);
     Ok(if peer == canonical(to) {
         Outcome::Direct
     } else {
@@ -254,6 +268,7 @@ fn connect(args: &[String]) -> Result<(), String> {
     let to: SocketAddr = value(args, "--to", "0.0.0.0:0".parse().unwrap())?;
     let count: usize = value(args, "--count", 1)?;
     let concurrency: usize = value(args, "--concurrency", 1)?.clamp(1, 256);
+    let no_wait = args.iter().any(|a| a == "--no-wait");
     if let Some(dir) = values(args, "--cgroup").last() {
         std::fs::write(
             format!("{dir}/cgroup.procs"),
@@ -278,7 +293,8 @@ fn connect(args: &[String]) -> Result<(), String> {
                     if i >= count {
                         return;
                     }
-                    match one(to, i) {
+                    let outcome = if no_wait { attempt(to) } else { one(to, i) };
+                    match outcome {
                         Ok(o) => {
                             counts[0].fetch_add(1, Ordering::Relaxed);
                             let idx = if matches!(o, Outcome::Direct) { 2 } else { 3 };
