@@ -26,6 +26,7 @@ fn recordings() -> PathBuf {
 /// One recorded exchange.
 struct Exchange {
     name: String,
+    method: String,
     path: String,
     status: u16,
     content_type: String,
@@ -64,6 +65,7 @@ fn exchanges() -> Vec<Exchange> {
         };
         out.push(Exchange {
             name: dir.file_name().unwrap().to_string_lossy().into_owned(),
+            method: req["method"].as_str().unwrap().to_string(),
             path: req["path"].as_str().unwrap().to_string(),
             status: resp["status"].as_u64().unwrap() as u16,
             content_type: header("Content-Type"),
@@ -513,6 +515,116 @@ fn every_recorded_answer_reads_the_same_through_the_hub_as_through_full_decoders
         assert!(
             checked.iter().any(|c| c.starts_with(&format!("{must} ("))),
             "{must} was not compared"
+        );
+    }
+}
+
+/// Every recorded GET answer of one object, in the bytes kube-apiserver sent (gzipped or
+/// not, JSON or protobuf), goes through the cache writer as the tee hands it over: stored
+/// first, found held the second time, recognised before the writer the third — and
+/// stored at the resourceVersion a full decoder reads.
+#[test]
+fn recorded_get_answers_are_stored_then_recognised_as_repeats() {
+    use std::{sync::atomic::Ordering, time::Duration};
+
+    use hub::cache::{
+        store::{self, Store},
+        writer::{self, Stats, Target, TargetKind},
+    };
+    let dir = hub_tests::TempDir::new("wire-repeats");
+    let store = std::sync::Arc::new(Store::open(dir.path()).unwrap());
+    let stats = std::sync::Arc::new(Stats::default());
+    let w = writer::start(store.clone(), stats.clone());
+    let counts = || {
+        (
+            stats.written.load(Ordering::Relaxed),
+            stats.stale.load(Ordering::Relaxed),
+        )
+    };
+    let flush = || w.flush_within(Duration::from_secs(30));
+    let mut seen = Vec::new();
+    for e in exchanges() {
+        let (path, query) = e.path.split_once('?').unwrap_or((&e.path, ""));
+        let info = hub::proxy::request::RequestInfo::parse(&hyper::Method::GET, path, query);
+        if e.method != "GET" || e.status != 200 || !info.is_resource || info.name.is_empty() {
+            continue;
+        }
+        let enc = if is_protobuf(&e) {
+            Encoding::Protobuf
+        } else {
+            Encoding::Json
+        };
+        // Each answer under a credential of its own: some recordings hold the same object.
+        let credential = format!("node-{}", e.name);
+        let target = Target {
+            credential: credential.clone(),
+            component: "kubelet".into(),
+            gvr: info.gvr(),
+            resource: info.resource.clone(),
+            encoding: enc,
+            kind: TargetKind::Object,
+        };
+        // The body as recorded (gzipped if it was sent so), in a connection's pieces.
+        let send = || {
+            let pieces = e
+                .raw
+                .chunks(700)
+                .map(bytes::Bytes::copy_from_slice)
+                .collect();
+            w.send_whole(target.clone(), pieces, e.gzip);
+        };
+        let (written, stale) = counts();
+        send();
+        flush();
+        assert_eq!(counts(), (written + 1, stale), "{}: stored", e.name);
+        send();
+        assert_eq!(
+            counts().1,
+            stale,
+            "{}: recognised before the writer vouched",
+            e.name
+        );
+        flush();
+        assert_eq!(counts().1, stale + 1, "{}: found held", e.name);
+        send();
+        assert_eq!(counts().1, stale + 2, "{}: not recognised at once", e.name);
+
+        let full = match enc {
+            Encoding::Json => of_json(&serde_json::from_slice(&e.body).unwrap()),
+            Encoding::Protobuf => {
+                let (kind, raw) = unknown(&e.body);
+                typed_meta(&kind, &raw)
+            }
+        };
+        // A cluster-scoped object's namespace is the empty one.
+        let held = store
+            .scan(&store::prefix(
+                &credential,
+                &target.gvr,
+                Some(&full.namespace),
+                Some(&full.name),
+            ))
+            .unwrap();
+        assert_eq!(
+            held.iter().map(|(_, r)| r.item.rv).collect::<Vec<_>>(),
+            [full.rv],
+            "{}: stored at the recorded resourceVersion",
+            e.name
+        );
+        seen.push(e.name);
+    }
+    for must in [
+        "get-pod-protobuf",
+        "get-node-protobuf",
+        "get-lease-protobuf",
+        "get-endpointslice-protobuf",
+        "get-pod-json",
+        "get-pod-json-gzip-small",
+        "get-secret-json",
+    ] {
+        assert!(
+            seen.iter().any(|n| n == must),
+            "{must} not checked: {seen:?}"
         );
     }
 }
