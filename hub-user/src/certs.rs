@@ -64,19 +64,14 @@ impl Managed {
             })
     }
 
-    /// Writes key and certificate atomically (temp file + rename), owner-only.
+    /// Writes key and certificate whole, owner-only.
     fn store(&self, key_pem: &str, cert_pem: &str) -> Result<(), CertError> {
         let io = |e: std::io::Error| CertError::Io(format!("{}: {e}", self.cert.display()));
         let dir = self.cert.parent().expect("pki dir");
         std::fs::create_dir_all(dir).map_err(io)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
         for (path, text) in [(&self.key, key_pem), (&self.cert, cert_pem)] {
-            let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, text).map_err(io)?;
-            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
-            let f = std::fs::File::open(&tmp).map_err(io)?;
-            f.sync_all().map_err(io)?;
-            std::fs::rename(&tmp, path).map_err(io)?;
+            crate::files::write_whole(path, text.as_bytes(), 0o600).map_err(io)?;
         }
         Ok(())
     }

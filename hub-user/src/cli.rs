@@ -295,22 +295,10 @@ fn install(args: InstallArgs) -> Result<String, String> {
             unit_dir: args.unit_dir,
         });
     };
-    let state_dir = Config::load(&config)
-        .map_err(|e| format!("invalid config: {e}"))?
-        .cache
-        .dir;
     let vips: Vec<SocketAddr> = intercept::discover::service_from_env()
         .into_iter()
         .collect();
-    install(
-        &config,
-        args.node_name.as_deref(),
-        &vips,
-        &Target {
-            state_dir,
-            unit_dir: args.unit_dir,
-        },
-    )
+    install(&config, args.node_name.as_deref(), &vips, &args.unit_dir)
 }
 
 fn trace(args: TraceArgs) -> ExitCode {

@@ -65,13 +65,15 @@ WantedBy=multi-user.target
     )
 }
 
-/// Installs this binary, `config` (with `node_name` and `extra_vips` written into it) and
-/// the unit. Safe to run again: every file is replaced whole.
+/// Installs this binary, `config` (with `node_name` and `extra_vips` written into it) into
+/// the config's state directory (cache.dir) and the unit into `unit_dir`. Safe to run
+/// again: every file is replaced whole, and nothing is replaced unless the configuration
+/// to install is valid.
 pub fn install(
     config: &Path,
     node_name: Option<&str>,
     extra_vips: &[std::net::SocketAddr],
-    target: &Target,
+    unit_dir: &Path,
 ) -> Result<String, String> {
     let text = std::fs::read_to_string(config)
         .map_err(|e| format!("cannot read {}: {e}", config.display()))?;
@@ -105,36 +107,21 @@ pub fn install(
         }
     }
     let installed = serde_yaml::to_string(&yaml).map_err(|e| e.to_string())?;
-
     // Checked as `hub run` will read it, before anything is replaced.
-    let staged = target.state_dir.join(".hub.yaml.new");
-    std::fs::create_dir_all(&target.state_dir)
-        .map_err(|e| format!("cannot create {}: {e}", target.state_dir.display()))?;
-    write_file(&staged, installed.as_bytes(), 0o600)?;
-    let checked = Config::load(&staged).and_then(|c| c.validate().map(|()| c));
-    let checked = match checked {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = std::fs::remove_file(&staged);
-            return Err(format!("the configuration to install is not valid: {e}"));
-        }
+    let checked = Config::parse(&installed)
+        .and_then(|c| c.validate().map(|()| c))
+        .map_err(|e| format!("the configuration to install is not valid: {e}"))?;
+    let target = Target {
+        state_dir: checked.cache.dir.clone(),
+        unit_dir: unit_dir.to_path_buf(),
     };
-    if checked.cache.dir != target.state_dir {
-        let _ = std::fs::remove_file(&staged);
-        return Err(format!(
-            "cache.dir is {} but the installation goes to {}: both copies must share one state directory",
-            checked.cache.dir.display(),
-            target.state_dir.display()
-        ));
-    }
 
     let exe =
         std::fs::read("/proc/self/exe").map_err(|e| format!("cannot read this binary: {e}"))?;
     write_file(&target.binary(), &exe, 0o755)?;
-    std::fs::rename(&staged, target.config())
-        .map_err(|e| format!("cannot write {}: {e}", target.config().display()))?;
-    write_file(&target.unit(), unit_text(target).as_bytes(), 0o644)?;
-    enable(target)?;
+    write_file(&target.config(), installed.as_bytes(), 0o600)?;
+    write_file(&target.unit(), unit_text(&target).as_bytes(), 0o644)?;
+    enable(&target)?;
     Ok(format!(
         "installed {} and {} for node {}; {} enabled for boot (before kubelet.service)",
         target.binary().display(),
@@ -180,47 +167,28 @@ pub fn uninstall(target: &Target) -> Result<String, String> {
     ))
 }
 
-/// Writes `bytes` to `path` whole: a reader (or a running copy) sees the old file or the
-/// new one, never a mix.
 fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), String> {
-    use std::{io::Write, os::unix::fs::OpenOptionsExt};
-    let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(fail)?;
-    }
-    let staged = path.with_extension("installing");
-    let _ = std::fs::remove_file(&staged);
-    let mut f = std::fs::OpenOptions::new()
-        .create_new(true)
-        .write(true)
-        .mode(mode)
-        .open(&staged)
-        .map_err(fail)?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(fail)?;
-    std::fs::rename(&staged, path).map_err(fail)
+    crate::files::write_whole(path, bytes, mode)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn temp_dir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("hub-install-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        d
+    /// A state directory and a systemd directory under a fresh `root`.
+    fn target_in(root: &Path) -> Target {
+        Target {
+            state_dir: root.join("state"),
+            unit_dir: root.join("systemd"),
+        }
     }
 
     #[test]
     fn installs_a_runnable_copy_and_removes_it_again() {
-        let root = temp_dir("round");
-        let target = Target {
-            state_dir: root.join("state"),
-            unit_dir: root.join("systemd"),
-        };
+        let root = crate::files::fresh_test_dir("install-round");
+        let target = target_in(&root);
         let config = root.join("given.yaml");
-        std::fs::create_dir_all(&root).unwrap();
         std::fs::write(
             &config,
             format!(
@@ -230,7 +198,7 @@ mod tests {
         )
         .unwrap();
         let vip = "127.0.10.2:443".parse().unwrap();
-        let said = install(&config, Some("edge-7"), &[vip], &target).unwrap();
+        let said = install(&config, Some("edge-7"), &[vip], &target.unit_dir).unwrap();
         assert!(said.contains("edge-7"), "{said}");
 
         let installed = Config::load(&target.config()).unwrap();
@@ -254,7 +222,7 @@ mod tests {
         assert_eq!(link, Path::new("../hub.service"));
 
         // Again: nothing doubles up.
-        install(&config, Some("edge-7"), &[vip], &target).unwrap();
+        install(&config, Some("edge-7"), &[vip], &target.unit_dir).unwrap();
         assert_eq!(
             Config::load(&target.config()).unwrap().intercept.vips.len(),
             2
@@ -280,16 +248,20 @@ mod tests {
 
     #[test]
     fn refuses_a_config_that_would_not_run_and_leaves_the_old_one() {
-        let root = temp_dir("bad");
-        let target = Target {
-            state_dir: root.join("state"),
-            unit_dir: root.join("systemd"),
-        };
+        let root = crate::files::fresh_test_dir("install-bad");
+        let target = target_in(&root);
         std::fs::create_dir_all(&target.state_dir).unwrap();
         std::fs::write(target.config(), "old").unwrap();
         let config = root.join("given.yaml");
-        std::fs::write(&config, "nodeName: a\ncloud:\n  servers: []\n  bogus: 1\n").unwrap();
-        let e = install(&config, None, &[], &target).unwrap_err();
+        std::fs::write(
+            &config,
+            format!(
+                "nodeName: a\ncloud:\n  servers: []\n  bogus: 1\ncache:\n  dir: {}\n",
+                target.state_dir.display()
+            ),
+        )
+        .unwrap();
+        let e = install(&config, None, &[], &target.unit_dir).unwrap_err();
         assert!(e.contains("not valid"), "{e}");
         assert_eq!(std::fs::read_to_string(target.config()).unwrap(), "old");
         assert!(!target.unit().exists());

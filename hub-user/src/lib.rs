@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod coordinator;
 pub mod daemon;
+pub mod files;
 pub mod gzip;
 pub mod install;
 pub mod intercept;

@@ -135,12 +135,6 @@ fn own_binary_replaced() -> bool {
     std::fs::read_link("/proc/self/exe").is_ok_and(|p| p.to_string_lossy().ends_with(" (deleted)"))
 }
 
-/// Whether a DaemonSet hub holds (or is taking) the claim on the node.
-pub fn claimed(dir: &Path) -> Result<bool, OwnerError> {
-    let claim = lock_file(dir, "claim.lock").map_err(err(dir, "claim.lock"))?;
-    claim_held(&claim).map_err(err(dir, "claim.lock"))
-}
-
 /// Whether someone holds `claim` (the open claim.lock) exclusively: a shared lock is
 /// granted only while no one does, and is let go again at once.
 fn claim_held(claim: &File) -> std::io::Result<bool> {
@@ -175,25 +169,24 @@ pub async fn until_claimed(dir: PathBuf) {
 mod tests {
     use super::*;
 
-    fn temp_dir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("hub-owner-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        d
+    /// Whether a DaemonSet hub holds (or is taking) the claim on the node.
+    fn claimed(dir: &Path) -> bool {
+        claim_held(&lock_file(dir, "claim.lock").unwrap()).unwrap()
     }
 
     #[test]
     fn a_pod_claims_and_the_host_stands_by_until_it_is_gone() {
-        let dir = temp_dir("claim");
+        let dir = crate::files::fresh_test_dir("owner-claim");
         let host = acquire(&dir, Instance::Host, |_| panic!("nothing to wait for"))
             .unwrap()
             .unwrap();
-        assert!(!claimed(&dir).unwrap());
+        assert!(!claimed(&dir));
 
         // The pod claims at once and waits for the host to let go.
         let d = dir.clone();
         let pod = std::thread::spawn(move || acquire(&d, Instance::Pod, |_| {}).unwrap().unwrap());
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !claimed(&dir).unwrap() {
+        while !claimed(&dir) {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the pod never claimed"
@@ -218,7 +211,7 @@ mod tests {
         assert!(!host.is_finished());
         drop(pod);
         let _host = host.join().unwrap();
-        assert!(!claimed(&dir).unwrap());
+        assert!(!claimed(&dir));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -306,12 +306,7 @@ fn a_node_rebooted_offline_gets_its_hub_from_the_host_and_the_daemonset_takes_ov
         let pod = node.pod_hub("pod-2.log");
         node.wait_serving(pod.pid(), true, &node.log("pod-2.log"));
         // A few more requests through the new owner, then stop.
-        let served_before = routes_to_cloud(&node);
-        wait_for(
-            "requests through the DaemonSet's hub",
-            Duration::from_secs(30),
-            || (routes_to_cloud(&node) >= served_before + 3).then_some(()),
-        );
+        three_more_requests(&node, "the DaemonSet's hub");
         stop.store(true, Ordering::Relaxed);
         (pod, client.join().unwrap())
     });
@@ -361,12 +356,7 @@ fn a_node_rebooted_offline_gets_its_hub_from_the_host_and_the_daemonset_takes_ov
             node.log("pod-2.log")
         );
         node.wait_serving(host.pid(), true, &node.log("host-2.log"));
-        let served_before = routes_to_cloud(&node);
-        wait_for(
-            "requests through the host copy",
-            Duration::from_secs(30),
-            || (routes_to_cloud(&node) >= served_before + 3).then_some(()),
-        );
+        three_more_requests(&node, "the host copy");
         stop.store(true, Ordering::Relaxed);
         client.join().unwrap()
     });
@@ -397,4 +387,14 @@ fn routes_to_cloud(node: &Node) -> u64 {
     node.status()
         .and_then(|s| s["routes"]["cloud"]["requests"].as_u64())
         .unwrap_or(0)
+}
+
+/// Waits until the hub now serving the node has sent three more requests to the cloud.
+fn three_more_requests(node: &Node, through: &str) {
+    let served_before = routes_to_cloud(node);
+    wait_for(
+        &format!("requests through {through}"),
+        Duration::from_secs(30),
+        || (routes_to_cloud(node) >= served_before + 3).then_some(()),
+    );
 }

@@ -812,20 +812,20 @@ mod tests {
         }
     }
 
-    /// A relist with the items of the last list stored whole only moves the list's
-    /// resourceVersion — unless something else wrote the resource since: then it is read
-    /// in full, and what it no longer returns is pruned.
     /// A writer on a store in a fresh temporary directory.
-    fn writer_on_temp_store(tag: &str) -> (std::path::PathBuf, Arc<Store>, Arc<Stats>, Writer) {
-        let dir = std::env::temp_dir().join(format!("hub-writer-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+    pub(super) fn writer_on_temp_store(
+        tag: &str,
+    ) -> (std::path::PathBuf, Arc<Store>, Arc<Stats>, Writer) {
+        let dir = crate::files::fresh_test_dir(&format!("writer-{tag}"));
         let store = Arc::new(Store::open(&dir).unwrap());
         let stats = Arc::new(Stats::default());
         let writer = start(store.clone(), stats.clone());
         (dir, store, stats, writer)
     }
 
+    /// A relist with the items of the last list stored whole only moves the list's
+    /// resourceVersion — unless something else wrote the resource since: then it is read
+    /// in full, and what it no longer returns is pruned.
     #[test]
     fn relists_of_a_list_already_stored_whole_touch_only_its_resource_version() {
         let (dir, store, stats, writer) = writer_on_temp_store("seen");
@@ -998,12 +998,7 @@ mod cost {
             .step_by(16 * 1024)
             .map(|i| body.slice(i..(i + 16 * 1024).min(body.len())))
             .collect();
-        let dir = std::env::temp_dir().join(format!("hub-cost-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let store = Arc::new(Store::open(&dir).unwrap());
-        let stats = Arc::new(Stats::default());
-        let writer = start(store.clone(), stats.clone());
+        let (dir, store, _, writer) = super::tests::writer_on_temp_store("cost");
         let op = || Op::Whole {
             target: Target {
                 credential: "node".into(),

@@ -232,7 +232,7 @@ mod tests {
 
     #[test]
     fn intents_survive_until_finished_and_ownership_is_per_component() {
-        let dir = std::env::temp_dir().join(format!("hub-owned-{}", std::process::id()));
+        let dir = crate::files::fresh_test_dir("owned");
         let o = Owned::open(&dir).unwrap();
         let intent = Intent {
             component: "kubelet".into(),

@@ -51,8 +51,7 @@ mod tests {
 
     #[test]
     fn reads_servers_from_kubeconfig() {
-        let dir = std::env::temp_dir().join(format!("hub-kc-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::files::fresh_test_dir("kc");
         let kc = dir.join("kubelet.conf");
         std::fs::write(
             &kc,

@@ -88,7 +88,7 @@ mod tests {
     #[test]
     fn a_cgroup_is_a_pods_when_it_is_under_a_pods_root() {
         use std::os::unix::fs::MetadataExt;
-        let dir = std::env::temp_dir().join(format!("hub-peer-{}", std::process::id()));
+        let dir = crate::files::fresh_test_dir("peer");
         let pod = dir.join("kubepods.slice/pod-a/container");
         std::fs::create_dir_all(&pod).unwrap();
         std::fs::create_dir_all(dir.join("system.slice")).unwrap();
