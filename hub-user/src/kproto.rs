@@ -202,6 +202,21 @@ pub fn object_meta(raw: &[u8]) -> Option<Meta> {
     })
 }
 
+/// An object's ObjectMeta.resourceVersion and annotations (field 12, map entries of key
+/// 1 and value 2), from its raw bytes: what a bookmark says.
+pub fn object_version_and_annotations(raw: &[u8]) -> Option<(String, Vec<(String, String)>)> {
+    let object = fields(raw)?;
+    let meta = fields(bytes_of(&object, 1).unwrap_or_default())?;
+    let mut annotations = Vec::new();
+    for (n, v) in &meta {
+        if let (12, Value::Bytes(entry)) = (n, v) {
+            let e = fields(entry)?;
+            annotations.push((text(&e, 1), text(&e, 2)));
+        }
+    }
+    Some((text(&meta, 6), annotations))
+}
+
 /// A list sliced into its items, each still in its original encoding.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct List<'a> {

@@ -6,6 +6,7 @@ pub mod cloud;
 pub mod etcd;
 pub mod fuzz;
 pub mod hub;
+pub mod informer;
 pub mod kubelet_trace;
 pub mod netns;
 pub mod pool_net;

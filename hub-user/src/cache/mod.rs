@@ -146,6 +146,12 @@ fn is_discovery(path: &str) -> bool {
     )
 }
 
+/// A watch that lists by streaming (`sendInitialEvents=true`, client-go's WatchListClient):
+/// its events up to the initial-events-end bookmark are the whole set.
+pub fn streamed_list(query: &str) -> bool {
+    serve::param(query, "sendInitialEvents") == "true"
+}
+
 impl Cache {
     /// Opens the store under `dir`. A store that cannot be opened (corrupt, or from an
     /// incompatible version) is moved aside and a fresh one started, so the hub keeps
@@ -279,14 +285,25 @@ impl Cache {
                     field_selector: serve::param(query, "fieldSelector"),
                     continue_from: Some(serve::param(query, "continue")).filter(|c| !c.is_empty()),
                 },
-                "watch" => TargetKind::Watch {
-                    // Unparsable selectors are the cloud's to refuse; assume the worst.
-                    selection_may_change: select::Selector::parse(
-                        &serve::param(query, "labelSelector"),
-                        &serve::param(query, "fieldSelector"),
-                    )
-                    .map_or(true, |s| !s.membership_is_permanent()),
-                },
+                "watch" => {
+                    let selector = (
+                        serve::param(query, "labelSelector"),
+                        serve::param(query, "fieldSelector"),
+                    );
+                    // A plain watch from a resourceVersion continues the list it came from.
+                    let from = serve::param(query, "resourceVersion")
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|rv| *rv > 0 && !streamed_list(query));
+                    TargetKind::Watch {
+                        // Unparsable selectors are the cloud's to refuse; assume the worst.
+                        selection_may_change: select::Selector::parse(&selector.0, &selector.1)
+                            .map_or(true, |s| !s.membership_is_permanent()),
+                        namespace: info.namespace.clone(),
+                        selector,
+                        keeps_list_from: from,
+                    }
+                }
                 _ => return resp,
             }
         };
@@ -299,9 +316,10 @@ impl Cache {
             kind,
         };
         let writer = self.writer.clone();
+        let streamed = streamed_list(query);
         resp.map(move |body| {
             match target.kind {
-                TargetKind::Watch { .. } => tee::Tee::events(body, target, gzip, writer),
+                TargetKind::Watch { .. } => tee::Tee::events(body, target, gzip, streamed, writer),
                 _ => tee::Tee::whole(body, target, gzip, writer),
             }
             .boxed()

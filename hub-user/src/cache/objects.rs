@@ -642,6 +642,96 @@ pub fn parse_event(
     Ok((ty, item.transpose()?))
 }
 
+/// The annotation kube-apiserver puts on the BOOKMARK that ends a streamed list's initial
+/// events (`watch?sendInitialEvents=true`): the ADDED events before it are the whole set.
+pub const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+/// The type of a watch event, read without its object (kube-apiserver writes the type
+/// first; any other order is read too, only slower). `Other` for what is not an event.
+pub fn event_type(enc: Encoding, frame: &[u8]) -> EventType {
+    match enc {
+        Encoding::Json => {
+            let mut ty = None;
+            let _ = serde::de::DeserializeSeed::deserialize(
+                TypeOnly(&mut ty),
+                &mut serde_json::Deserializer::from_slice(frame),
+            );
+            ty.map_or(EventType::Other, |t: String| EventType::parse(&t))
+        }
+        Encoding::Protobuf => {
+            kproto::watch_event(frame).map_or(EventType::Other, |e| EventType::parse(&e.kind))
+        }
+    }
+}
+
+/// Reads a JSON watch event's keys up to `type`.
+struct TypeOnly<'s>(&'s mut Option<String>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for TypeOnly<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for TypeOnly<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a watch event")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if key == "type" {
+                *self.0 = Some(map.next_value::<Cow<'de, str>>()?.into_owned());
+                return Ok(());
+            }
+            map.next_value::<serde::de::IgnoredAny>()?;
+        }
+        Ok(())
+    }
+}
+
+/// What a BOOKMARK event says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bookmark {
+    /// The resourceVersion the stream has reached.
+    pub rv: u64,
+    /// It ends a streamed list's initial events (annotated [`INITIAL_EVENTS_END`]).
+    pub initial_events_end: bool,
+    /// The kind of the watched objects (`Pod`), as the bookmark's object names it.
+    pub kind: String,
+}
+
+/// Reads a BOOKMARK event; None for any other event or a malformed one.
+pub fn bookmark(enc: Encoding, frame: &[u8]) -> Option<Bookmark> {
+    match enc {
+        Encoding::Json => {
+            let v: Value = serde_json::from_slice(frame).ok()?;
+            (v["type"] == "BOOKMARK").then_some(())?;
+            let object = &v["object"];
+            let meta = &object["metadata"];
+            Some(Bookmark {
+                rv: parse_rv(meta["resourceVersion"].as_str()?).ok()?,
+                initial_events_end: meta["annotations"][INITIAL_EVENTS_END] == "true",
+                kind: object["kind"].as_str().unwrap_or_default().to_string(),
+            })
+        }
+        Encoding::Protobuf => {
+            let e = kproto::watch_event(frame)?;
+            (e.kind == "BOOKMARK").then_some(())?;
+            let u = kproto::unwrap(e.object)?;
+            let (rv, annotations) = kproto::object_version_and_annotations(u.raw)?;
+            Some(Bookmark {
+                rv: parse_rv(&rv).ok()?,
+                initial_events_end: annotations
+                    .iter()
+                    .any(|(k, v)| k == INITIAL_EVENTS_END && v == "true"),
+                kind: u.kind,
+            })
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

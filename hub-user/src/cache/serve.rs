@@ -879,14 +879,15 @@ fn initial_events(
             first.push(event(enc, if initial { "ADDED" } else { "MODIFIED" }, item));
         }
     }
-    if send_initial {
+    // As kube-apiserver: the end is marked only for a client that takes bookmarks.
+    if send_initial && param(query, "allowWatchBookmarks") == "true" {
         let marked = meta_only(
             enc,
             &end.api_version,
             &end.kind,
             None,
             end.rv,
-            &[("k8s.io/initial-events-end", "true")],
+            &[(objects::INITIAL_EVENTS_END, "true")],
         );
         first.push(event(enc, "BOOKMARK", &marked));
     }

@@ -461,8 +461,11 @@ pub enum Write {
         /// The list's kind as the cloud named it (`NodeList`).
         list_kind: String,
     },
-    /// A relist that returned exactly what the last list of this selector stored, with
-    /// nothing else written to the resource since: only the list's resourceVersion moves.
+    /// The list of this selector is known to stand at `rv` with the objects the store
+    /// holds: a relist that returned exactly what the last list stored (nothing else
+    /// written to the resource since), or a bookmark of a watch that keeps the list
+    /// current. Only the list's resourceVersion moves, and only when the list record
+    /// stands at `if_at_least` or later.
     ListSeen {
         credential: String,
         gvr: String,
@@ -470,6 +473,7 @@ pub enum Write {
         /// (label, field) selectors as the client sent them.
         selector: (String, String),
         rv: u64,
+        if_at_least: u64,
     },
     /// Discovery or /version.
     Raw {
@@ -888,13 +892,15 @@ impl Store {
                         namespace,
                         selector,
                         rv,
+                        if_at_least,
                     } => {
                         let key = list_key(credential, gvr, namespace, (&selector.0, &selector.1));
                         let meta = lists
                             .get(key.as_slice())
                             .map_err(db_err)?
                             .and_then(|v| ListMeta::decode(v.value()));
-                        if let Some(mut meta) = meta.filter(|m| m.rv < *rv) {
+                        if let Some(mut meta) = meta.filter(|m| m.rv < *rv && m.rv >= *if_at_least)
+                        {
                             meta.rv = *rv;
                             meta.stored_at = now;
                             lists

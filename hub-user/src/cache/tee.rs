@@ -13,8 +13,8 @@ use bytes::{Buf, Bytes, BytesMut};
 use hyper::body::{Body, Frame};
 
 use super::{
-    objects::Encoding,
-    writer::{Op, Target, Writer},
+    objects::{self, Encoding, EventType},
+    writer::{Op, Target, TargetKind, Writer},
 };
 use crate::{
     body::{BodyError, ProxyBody},
@@ -42,7 +42,17 @@ enum Sink {
         broken: bool,
         /// Decodes a gzipped stream before it is split (boxed: watches are rarely gzipped).
         gunzip: Option<Box<gzip::Decoder>>,
+        /// A streamed list's initial events, kept until the bookmark that ends them; None
+        /// for a plain watch, and once they ended or were given up.
+        initial: Option<Initial>,
     },
+}
+
+/// The initial events of a streamed list so far.
+#[derive(Default)]
+struct Initial {
+    frames: Vec<Bytes>,
+    bytes: usize,
 }
 
 pub struct Tee {
@@ -67,7 +77,15 @@ impl Tee {
         }
     }
 
-    pub fn events(inner: ProxyBody, target: Target, gzip: bool, writer: Writer) -> Tee {
+    /// A watch; `streamed_list`: it was asked with `sendInitialEvents=true`, so its events
+    /// up to the initial-events-end bookmark are a whole list.
+    pub fn events(
+        inner: ProxyBody,
+        target: Target,
+        gzip: bool,
+        streamed_list: bool,
+        writer: Writer,
+    ) -> Tee {
         Tee {
             inner,
             sink: Sink::Events {
@@ -75,6 +93,7 @@ impl Tee {
                 target,
                 broken: false,
                 gunzip: gzip.then(|| Box::new(gzip::Decoder::new(MAX_EVENT))),
+                initial: streamed_list.then(Initial::default),
             },
             writer,
             finished: false,
@@ -103,6 +122,7 @@ impl Tee {
                 target,
                 broken,
                 gunzip,
+                initial,
             } => {
                 if *broken {
                     return;
@@ -143,10 +163,7 @@ impl Tee {
                         }
                     };
                     if !frame.is_empty() {
-                        self.writer.send(Op::Event {
-                            target: target.clone(),
-                            frame,
-                        });
+                        pass_on(&self.writer, target, initial, frame);
                     }
                 }
                 if carry.len() > MAX_EVENT {
@@ -172,6 +189,52 @@ impl Tee {
             && let Some(target) = target.take()
         {
             self.writer.send_whole(target, std::mem::take(parts), *gzip);
+        }
+    }
+}
+
+/// Hands one watch event to the writer. A streamed list's initial events are kept until
+/// the bookmark that ends them and then handed over together, as the list they are; a
+/// stream that ends or fails (an ERROR event) before it changes nothing held. Too large a
+/// set is given up: its events are then stored one by one, as a plain watch's are.
+fn pass_on(writer: &Writer, target: &mut Target, initial: &mut Option<Initial>, frame: Bytes) {
+    let Some(set) = initial else {
+        writer.send(Op::Event {
+            target: target.clone(),
+            frame,
+        });
+        return;
+    };
+    match objects::event_type(target.encoding, &frame) {
+        EventType::Bookmark => {
+            let Some(end) =
+                objects::bookmark(target.encoding, &frame).filter(|b| b.initial_events_end)
+            else {
+                return;
+            };
+            let frames = std::mem::take(&mut set.frames);
+            *initial = None;
+            if let TargetKind::Watch {
+                keeps_list_from, ..
+            } = &mut target.kind
+            {
+                *keeps_list_from = Some(end.rv);
+            }
+            writer.send(Op::StreamedList {
+                target: target.clone(),
+                frames,
+                end,
+            });
+        }
+        EventType::Other => *initial = None,
+        _ => {
+            set.bytes += frame.len();
+            if set.bytes > MAX_CACHED_BODY {
+                writer.too_large();
+                *initial = None;
+                return;
+            }
+            set.frames.push(frame);
         }
     }
 }
@@ -214,5 +277,137 @@ impl Body for Tee {
 
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::VecDeque, sync::atomic::Ordering, time::Duration};
+
+    use http_body_util::BodyExt;
+
+    use super::*;
+    use crate::cache::{
+        store::{self, Store},
+        writer::tests::{list, pod, pods_target, writer_on_temp_store},
+    };
+
+    /// A body that yields these frames, then ends (or fails, when the last is an Err).
+    struct Frames(VecDeque<Result<Bytes, BodyError>>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = BodyError;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+            Poll::Ready(self.0.pop_front().map(|f| f.map(Frame::data)))
+        }
+    }
+
+    fn added(name: &str, rv: u64) -> Result<Bytes, BodyError> {
+        let object = String::from_utf8(pod(name, rv).to_vec()).unwrap();
+        Ok(format!("{{\"type\":\"ADDED\",\"object\":{object}}}\n").into())
+    }
+
+    fn bookmark(rv: u64, end: bool) -> Result<Bytes, BodyError> {
+        let annotations = if end {
+            r#","annotations":{"k8s.io/initial-events-end":"true"}"#
+        } else {
+            ""
+        };
+        Ok(format!(
+            r#"{{"type":"BOOKMARK","object":{{"kind":"Pod","apiVersion":"v1","metadata":{{"resourceVersion":"{rv}"{annotations}}},"spec":{{"containers":null}},"status":{{}}}}}}"#
+        )
+        .into_bytes()
+        .into_iter()
+        .chain(*b"\n")
+        .collect::<Vec<u8>>()
+        .into())
+    }
+
+    /// The kubelet's streamed list of its pods in `d`.
+    fn streamed(frames: Vec<Result<Bytes, BodyError>>, writer: &Writer) {
+        let target = pods_target(TargetKind::Watch {
+            selection_may_change: false,
+            namespace: "d".into(),
+            selector: Default::default(),
+            keeps_list_from: None,
+        });
+        let body = Frames(frames.into()).boxed();
+        let tee = Tee::events(body, target, false, true, writer.clone());
+        let collected = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(tee.collect());
+        drop(collected);
+    }
+
+    fn live(store: &Store) -> Vec<(String, u64)> {
+        store
+            .scan(&store::prefix("node", "/v1/pods", None, None))
+            .unwrap()
+            .into_iter()
+            .filter(|(_, r)| !r.deleted)
+            .map(|(k, r)| (k.name, r.item.rv))
+            .collect()
+    }
+
+    /// A streamed list replaces the held set at its end bookmark, as a LIST does: what it
+    /// did not send is pruned; the events after it apply as a watch's; every bookmark
+    /// moves the set's resourceVersion. One cut before its end changes nothing.
+    #[test]
+    fn a_streamed_list_replaces_the_set_at_its_end_bookmark_and_not_before() {
+        let (dir, store, stats, writer) = writer_on_temp_store("streamed");
+        let flush = || writer.flush_within(Duration::from_secs(30));
+        let list_rv = || store.list_metas("node", "/v1/pods", "d").unwrap()[0].rv;
+        writer.send(list(100, &[("a", 5), ("b", 5), ("c", 5)]));
+        flush();
+        assert_eq!(
+            live(&store),
+            [("a".into(), 5), ("b".into(), 5), ("c".into(), 5)]
+        );
+
+        // Cut after two of its initial events: nothing held changes.
+        streamed(
+            vec![added("a", 6), added("b", 5), Err(BodyError::new("reset"))],
+            &writer,
+        );
+        flush();
+        assert_eq!(
+            live(&store),
+            [("a".into(), 5), ("b".into(), 5), ("c".into(), 5)]
+        );
+        assert_eq!(list_rv(), 100);
+
+        // Whole: c is gone, a changed, d is new; then a watch event and a bookmark.
+        streamed(
+            vec![
+                added("a", 6),
+                added("b", 5),
+                added("d", 7),
+                bookmark(200, true),
+                added("e", 210),
+                bookmark(220, false),
+            ],
+            &writer,
+        );
+        flush();
+        assert_eq!(
+            live(&store),
+            [
+                ("a".into(), 6),
+                ("b".into(), 5),
+                ("d".into(), 7),
+                ("e".into(), 210)
+            ]
+        );
+        assert_eq!(stats.deleted.load(Ordering::Relaxed), 1, "c pruned");
+        assert_eq!(list_rv(), 220, "the later bookmark moved the set");
+        let meta = &store.list_metas("node", "/v1/pods", "d").unwrap()[0];
+        assert_eq!(meta.kind, "PodList");
+        drop(writer);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

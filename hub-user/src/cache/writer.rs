@@ -113,6 +113,14 @@ pub enum TargetKind {
         /// Its selector can stop matching an object that still exists (labels, mutable
         /// fields): the cloud then sends DELETED for it, which is no proof of a deletion.
         selection_may_change: bool,
+        /// The list this watch keeps current: its namespace and (label, field) selectors.
+        namespace: String,
+        selector: (String, String),
+        /// Its bookmarks move that list's resourceVersion when the list stands at this
+        /// version or later (every event since is then applied): the client's own
+        /// resourceVersion for a plain watch, the end of the initial events for a
+        /// streamed list; None while nothing links the stream to the list.
+        keeps_list_from: Option<u64>,
     },
     /// Discovery or /version, stored under its path and content type.
     Raw {
@@ -132,6 +140,14 @@ pub enum Op {
         target: Target,
         frame: Bytes,
     },
+    /// The initial events of a streamed list (`watch?sendInitialEvents=true`) up to the
+    /// bookmark that ends them (`end`): the whole set, replacing the held one as a LIST
+    /// would.
+    StreamedList {
+        target: Target,
+        frames: Vec<Bytes>,
+        end: objects::Bookmark,
+    },
     /// Answers once everything sent before it is applied (tests and `hub cache` use it).
     Flush(mpsc::Sender<()>),
 }
@@ -143,7 +159,7 @@ impl Op {
         match self {
             Op::Event { .. } => true,
             Op::Whole { target, .. } => matches!(target.kind, TargetKind::Object),
-            Op::Flush(_) => false,
+            Op::StreamedList { .. } | Op::Flush(_) => false,
         }
     }
 }
@@ -444,7 +460,7 @@ fn already_held(held: &mut Held, op: &Op) -> bool {
     };
     let target = match op {
         Op::Whole { target, .. } | Op::Event { target, .. } => target,
-        Op::Flush(_) => return false,
+        Op::StreamedList { .. } | Op::Flush(_) => return false,
     };
     id.is_some_and(|id| held.holds(target, &id))
 }
@@ -599,9 +615,17 @@ fn prepare(
     };
     match op {
         Op::Flush(_) => Ok(vec![]),
+        Op::StreamedList {
+            target,
+            frames,
+            end,
+        } => streamed_list(target, &frames, &end, held).map(|w| vec![w]),
         Op::Event { target, frame } => {
             let (ty, item) = objects::parse_event(&target.resource, target.encoding, &frame)
                 .map_err(|e| err(&target, e))?;
+            if ty == EventType::Bookmark {
+                return Ok(bookmark_write(&target, &frame).into_iter().collect());
+            }
             Ok(match (ty, item) {
                 (EventType::Added | EventType::Modified, Some(item)) => vec![Write::Upsert {
                     key: key(&target, &item),
@@ -614,7 +638,8 @@ fn prepare(
                     left_selection: matches!(
                         target.kind,
                         TargetKind::Watch {
-                            selection_may_change: true
+                            selection_may_change: true,
+                            ..
                         }
                     ),
                 }],
@@ -660,6 +685,7 @@ fn prepare(
                             namespace: namespace.clone(),
                             selector: (label_selector.clone(), field_selector.clone()),
                             rv: fp.rv,
+                            if_at_least: 0,
                         }]);
                     }
                     let page = objects::parse_list_pieces(
@@ -715,6 +741,102 @@ fn prepare(
     }
 }
 
+/// A streamed list's initial events as the list they are: the ADDED objects (a MODIFIED
+/// or DELETED among them, which kube-apiserver does not send, is applied to the set in
+/// order), at the end bookmark's resourceVersion. Objects already held at their version
+/// are only named, as in a LIST. One bad event and the set is not stored: half a set
+/// must not replace a whole one.
+fn streamed_list(
+    target: Target,
+    frames: &[Bytes],
+    end: &objects::Bookmark,
+    held: &mut Held,
+) -> Result<Write, Rejected> {
+    let TargetKind::Watch {
+        namespace,
+        selector: (label_selector, field_selector),
+        ..
+    } = &target.kind
+    else {
+        return Err(Rejected::Bad("a streamed list without its watch".into()));
+    };
+    let list_target = Target {
+        kind: TargetKind::List {
+            namespace: namespace.clone(),
+            label_selector: label_selector.clone(),
+            field_selector: field_selector.clone(),
+            continue_from: None,
+        },
+        ..target.clone()
+    };
+    // By (namespace, name): the parsed object, or None when it is held already.
+    let mut set: HashMap<(String, String), Option<Item>> = HashMap::with_capacity(frames.len());
+    for frame in frames {
+        if let Some(id) = objects::identify_event(target.encoding, frame)
+            && held.holds(&target, &id)
+        {
+            set.insert((id.namespace, id.name), None);
+            continue;
+        }
+        let (ty, item) =
+            objects::parse_event(&target.resource, target.encoding, frame).map_err(|e| {
+                Rejected::Bad(format!(
+                    "{} {}: streamed list not cached: {e}",
+                    target.component, target.gvr
+                ))
+            })?;
+        let Some(item) = item else { continue };
+        let key = (item.namespace.clone(), item.name.clone());
+        if ty == EventType::Deleted {
+            set.remove(&key);
+        } else {
+            set.insert(key, Some(item));
+        }
+    }
+    let (mut items, mut named) = (Vec::new(), Vec::new());
+    for (key, item) in set {
+        match item {
+            Some(item) => items.push(item),
+            None => named.push(key),
+        }
+    }
+    let kind = if end.kind.is_empty() {
+        String::new()
+    } else {
+        format!("{}List", end.kind)
+    };
+    Ok(replace_write(Staged {
+        target: list_target,
+        kind,
+        rv: end.rv,
+        items,
+        held: named,
+        since: Instant::now(),
+    })?)
+}
+
+/// A bookmark of a watch that keeps a list current moves that list's resourceVersion.
+fn bookmark_write(target: &Target, frame: &[u8]) -> Option<Write> {
+    let TargetKind::Watch {
+        namespace,
+        selector,
+        keeps_list_from: Some(from),
+        ..
+    } = &target.kind
+    else {
+        return None;
+    };
+    let mark = objects::bookmark(target.encoding, frame)?;
+    Some(Write::ListSeen {
+        credential: target.credential.clone(),
+        gvr: target.gvr.clone(),
+        namespace: namespace.clone(),
+        selector: selector.clone(),
+        rv: mark.rv,
+        if_at_least: *from,
+    })
+}
+
 /// The whole list, assembled: one atomic replacement.
 fn replace_write(acc: Staged) -> Result<Write, String> {
     let t = acc.target;
@@ -747,10 +869,10 @@ fn replace_write(acc: Staged) -> Result<Write, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn pod(name: &str, rv: u64) -> Bytes {
+    pub(crate) fn pod(name: &str, rv: u64) -> Bytes {
         format!(
             r#"{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"d","resourceVersion":"{rv}"}},"spec":{{"nodeName":"n1"}}}}"#
         )
@@ -758,7 +880,7 @@ mod tests {
     }
 
     /// The node's kubelet's JSON pods, as `kind` (a GET, a list, a watch).
-    fn pods_target(kind: TargetKind) -> Target {
+    pub(crate) fn pods_target(kind: TargetKind) -> Target {
         Target {
             credential: "node".into(),
             component: "kubelet".into(),
@@ -778,7 +900,7 @@ mod tests {
         }
     }
 
-    fn list(rv: u64, pods: &[(&str, u64)]) -> Op {
+    pub(crate) fn list(rv: u64, pods: &[(&str, u64)]) -> Op {
         let items: Vec<String> = pods
             .iter()
             .map(|(name, rv)| String::from_utf8(pod(name, *rv).to_vec()).unwrap())
@@ -807,13 +929,16 @@ mod tests {
         Op::Event {
             target: pods_target(TargetKind::Watch {
                 selection_may_change: false,
+                namespace: "d".into(),
+                selector: Default::default(),
+                keeps_list_from: None,
             }),
             frame: Bytes::from(frame),
         }
     }
 
     /// A writer on a store in a fresh temporary directory.
-    pub(super) fn writer_on_temp_store(
+    pub(crate) fn writer_on_temp_store(
         tag: &str,
     ) -> (std::path::PathBuf, Arc<Store>, Arc<Stats>, Writer) {
         let dir = crate::files::fresh_test_dir(&format!("writer-{tag}"));

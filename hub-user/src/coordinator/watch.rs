@@ -16,7 +16,7 @@ use super::storage::{Resource, Storage};
 use crate::{
     body::ProxyBody,
     cache::{
-        objects::{self, Encoding, Item},
+        objects::{self, Encoding, INITIAL_EVENTS_END, Item},
         select::Selector,
         serve::{
             BOOKMARK_EVERY, CLOUD_CHECK, accepted, api_version, bad_request, event, held_whole,
@@ -175,8 +175,9 @@ impl Feed {
                 first.push(event(enc, "DELETED", &gone));
             }
         }
-        if send_initial {
-            let end = self.meta(None, self.newest, &[("k8s.io/initial-events-end", "true")]);
+        // As kube-apiserver: the end is marked only for a client that takes bookmarks.
+        if send_initial && self.bookmarks {
+            let end = self.meta(None, self.newest, &[(INITIAL_EVENTS_END, "true")]);
             first.push(event(enc, "BOOKMARK", &end));
         }
         first

@@ -43,7 +43,23 @@ pub struct Stream<'a> {
     reader: BufReader<tokio_rustls::client::TlsStream<TcpStream>>,
     /// Body bytes received but not yet returned as lines.
     pending: Vec<u8>,
+    /// A chunk-size line read in part when a wait for it ran out.
+    size_line: String,
     pub status: u16,
+    pub headers: Vec<(String, String)>,
+}
+
+/// The next piece of a streamed (chunked) answer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Chunk {
+    /// One HTTP chunk's bytes.
+    Data(Vec<u8>),
+    /// The terminating chunk: the server ended the body cleanly.
+    Ended,
+    /// The connection ended (or broke) without the terminating chunk.
+    Cut,
+    /// Nothing arrived within the wait.
+    Quiet,
 }
 
 impl Stream<'_> {
@@ -82,6 +98,38 @@ impl Stream<'_> {
                     .ok()?;
                 chunk.truncate(n);
                 pending.extend_from_slice(&chunk);
+            }
+        })
+    }
+
+    /// The next HTTP chunk of the body, as the server sent it.
+    pub fn next_chunk(&mut self, wait: Duration) -> Chunk {
+        let reader = &mut self.reader;
+        let size_line = &mut self.size_line;
+        self.client.rt.block_on(async {
+            // The size line is kept across waits that run out, so none of it is lost.
+            match tokio::time::timeout(wait, reader.read_line(size_line)).await {
+                Err(_) => return Chunk::Quiet,
+                Ok(Err(_) | Ok(0)) => return Chunk::Cut,
+                Ok(Ok(_)) => {}
+            }
+            let size = std::mem::take(size_line);
+            let Ok(n) = usize::from_str_radix(size.trim().split(';').next().unwrap_or(""), 16)
+            else {
+                return Chunk::Cut;
+            };
+            if n == 0 {
+                return Chunk::Ended;
+            }
+            // Once a chunk has begun, the rest of it is on its way.
+            let mut chunk = vec![0u8; n + 2];
+            match tokio::time::timeout(Duration::from_secs(30), reader.read_exact(&mut chunk)).await
+            {
+                Ok(Ok(_)) => {
+                    chunk.truncate(n);
+                    Chunk::Data(chunk)
+                }
+                _ => Chunk::Cut,
             }
         })
     }
@@ -271,22 +319,25 @@ impl Client {
 
     /// `stream` with request headers, and errors returned (within 10 s per step).
     pub fn try_stream(&self, path: &str, headers: &[(&str, &str)]) -> std::io::Result<Stream<'_>> {
-        let (reader, status) = self.rt.block_on(async {
+        let reader = self.rt.block_on(async {
             let limit = Duration::from_secs(10);
             let timed_out = || std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
             let mut reader = tokio::time::timeout(limit, self.open("GET", path, headers, &[]))
                 .await
                 .map_err(|_| timed_out())??;
-            let (status, _) = tokio::time::timeout(limit, Self::head(&mut reader))
+            let (status, headers) = tokio::time::timeout(limit, Self::head(&mut reader))
                 .await
                 .map_err(|_| timed_out())??;
-            Ok::<_, std::io::Error>((reader, status))
+            Ok::<_, std::io::Error>((reader, status, headers))
         })?;
+        let (reader, status, headers) = (reader.0, reader.1, reader.2);
         Ok(Stream {
             client: self,
             reader,
             pending: Vec::new(),
+            size_line: String::new(),
             status,
+            headers,
         })
     }
 }

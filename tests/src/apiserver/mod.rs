@@ -67,6 +67,20 @@ pub struct Options {
     /// Offer only HTTP/1.1 in ALPN, like an apiserver behind an HTTP/1.1 proxy or with
     /// HTTP/2 serving turned off (as some were after CVE-2023-44487).
     pub http1_only: bool,
+    /// The kube-apiserver version answered like, where versions differ on the wire.
+    pub version: Version,
+}
+
+/// The kube-apiserver versions whose recorded differences the stand-in reproduces
+/// (tests/fixtures/wire/kube-apiserver-*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Version {
+    /// 1.32: the initial-events-end bookmark also carries
+    /// `kubernetes.io/initial-events-list-blueprint` and `creationTimestamp: null`.
+    V1_32,
+    /// 1.36: the bookmark carries the initial-events-end annotation alone.
+    #[default]
+    V1_36,
 }
 
 impl Default for Options {
@@ -79,6 +93,7 @@ impl Default for Options {
             auto_approve_csrs: false,
             csr_cert_lifetime: Duration::from_secs(365 * 86400),
             http1_only: false,
+            version: Version::default(),
         }
     }
 }

@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast::error::RecvError, mpsc};
 
 use super::{
-    State,
-    http::{Body, Format, Target, bad_request, flag, selectors},
+    State, Version,
+    http::{Body, Format, Target, bad_request, flag, selectors, status_error},
     resources,
     store::{Event, EventType, StoreError},
     table,
@@ -52,12 +52,14 @@ pub async fn watch(
         Err(e) => return e,
     };
     let bookmarks = flag(&q, "allowWatchBookmarks");
-    let initial_events = flag(&q, "sendInitialEvents");
-    if initial_events && q.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan") {
-        return bad_request(
-            "sendInitialEvents is forbidden for watch unless resourceVersionMatch is set to NotOlderThan",
-        );
+    if let Err(refused) = validate_options(&q) {
+        return refused;
     }
+    // Present or not: absent keeps the legacy meaning of resourceVersion.
+    let send_initial = q
+        .contains_key("sendInitialEvents")
+        .then(|| flag(&q, "sendInitialEvents"));
+    let initial_events = send_initial == Some(true);
     let timeout = q
         .get("timeoutSeconds")
         .and_then(|s| s.parse::<u64>().ok())
@@ -96,8 +98,20 @@ pub async fn watch(
 
     let mut first: Vec<Bytes> = Vec::new();
     let mut last_sent: u64;
-    let synthetic = initial_events || rv_param.is_empty() || rv_param == "0";
-    if synthetic {
+    let legacy_start = rv_param.is_empty() || rv_param == "0";
+    if initial_events && !legacy_start {
+        // NotOlderThan N: the current state, once the cache has reached N.
+        let current = state.store.current_rv();
+        match rv_param.parse::<u64>() {
+            Ok(n) if n > current => return too_large(n, current),
+            Ok(_) => {}
+            Err(_) => return bad_request(&format!("invalid resource version: {rv_param}")),
+        }
+    }
+    if send_initial == Some(false) && legacy_start {
+        // From now on, without the current state.
+        last_sent = state.store.current_rv();
+    } else if initial_events || (send_initial.is_none() && legacy_start) {
         let page =
             match state
                 .store
@@ -110,9 +124,9 @@ pub async fn watch(
             first.push(encode("ADDED", obj));
         }
         last_sent = page.rv;
-        if initial_events {
-            let mark = json!({"kind": r.kind, "apiVersion": r.api_version(),
-                "metadata": {"resourceVersion": page.rv.to_string(), "annotations": {"k8s.io/initial-events-end": "true"}}});
+        // kube-apiserver marks the end only for a client that takes bookmarks.
+        if initial_events && bookmarks {
+            let mark = initial_events_end(r, page.rv, state.options.version, format);
             first.push(encode("BOOKMARK", &mark));
         }
     } else {
@@ -211,6 +225,107 @@ pub async fn watch(
         }
     });
     watch_response(http_body_util::BodyExt::boxed(ChannelBody(rx)), format)
+}
+
+/// The refusals kube-apiserver gives a watch's list options (apimachinery's
+/// `validateWatchOptions`, WatchList on): 422 Invalid, every problem named as a cause.
+fn validate_options(q: &HashMap<String, String>) -> Result<(), Response<Body>> {
+    const FIELD: &str = "resourceVersionMatch";
+    let matching = q.get(FIELD).map(String::as_str).unwrap_or("");
+    let send_initial = q.contains_key("sendInitialEvents");
+    // (reason, message) of each cause.
+    let mut causes: Vec<(&str, String)> = Vec::new();
+    let forbidden = |detail: &str| ("FieldValueForbidden", format!("Forbidden: {detail}"));
+    if send_initial && matching != "NotOlderThan" {
+        causes.push(forbidden(
+            "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+        ));
+    }
+    if !matching.is_empty() {
+        if !send_initial {
+            causes.push(forbidden(
+                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            ));
+        }
+        if matching != "NotOlderThan" {
+            causes.push((
+                "FieldValueNotSupported",
+                format!("Unsupported value: \"{matching}\": supported values: \"NotOlderThan\""),
+            ));
+        }
+        if q.contains_key("continue") {
+            causes.push(forbidden(
+                "resourceVersionMatch is forbidden when continue is provided",
+            ));
+        }
+    }
+    if causes.is_empty() {
+        return Ok(());
+    }
+    let errors: Vec<String> = causes
+        .iter()
+        .map(|(_, m)| format!("{FIELD}: {m}"))
+        .collect();
+    let listed = if errors.len() == 1 {
+        errors[0].clone()
+    } else {
+        format!("[{}]", errors.join(", "))
+    };
+    Err(status_error(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Invalid",
+        &format!("ListOptions.meta.k8s.io \"\" is invalid: {listed}"),
+        Some(json!({"group": "meta.k8s.io", "kind": "ListOptions",
+            "causes": causes.iter().map(|(reason, message)|
+                json!({"reason": reason, "message": message, "field": FIELD})).collect::<Vec<_>>()})),
+    ))
+}
+
+/// A watch from a resourceVersion the cache has not reached (after the 3 s kube-apiserver
+/// waits for it).
+fn too_large(asked: u64, current: u64) -> Response<Body> {
+    status_error(
+        StatusCode::GATEWAY_TIMEOUT,
+        "Timeout",
+        &format!("Too large resource version: {asked}, current: {current}"),
+        Some(
+            json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}),
+        ),
+    )
+}
+
+/// The BOOKMARK that ends a streamed list's initial events, as `version` writes it: an
+/// empty object of the watched kind with the list's resourceVersion and the annotation
+/// (1.32 also names the list's blueprint and writes `creationTimestamp: null`).
+fn initial_events_end(r: &resources::Resource, rv: u64, version: Version, format: Format) -> Value {
+    let mut meta = json!({"resourceVersion": rv.to_string(),
+        "annotations": {"k8s.io/initial-events-end": "true"}});
+    if version == Version::V1_32 {
+        use base64::Engine;
+        let list_kind = format!("{}List", r.kind);
+        let blueprint = if format == Format::Protobuf {
+            super::protobuf::list(&r.api_version(), r.kind, &[], "", None, None)
+        } else {
+            let mut b =
+                serde_json::to_vec(&json!({"kind": list_kind, "apiVersion": r.api_version(),
+                "metadata": {}, "items": null}))
+                .expect("json");
+            b.push(b'\n');
+            b
+        };
+        meta["creationTimestamp"] = Value::Null;
+        meta["annotations"]["kubernetes.io/initial-events-list-blueprint"] =
+            base64::engine::general_purpose::STANDARD
+                .encode(blueprint)
+                .into();
+    }
+    let mut mark = json!({"kind": r.kind, "apiVersion": r.api_version(), "metadata": meta});
+    if r.kind == "Pod" {
+        // The empty Pod kube-apiserver serialises: its spec's one required list as null.
+        mark["spec"] = json!({"containers": null});
+        mark["status"] = json!({});
+    }
+    mark
 }
 
 fn watch_response(body: Body, format: Format) -> Response<Body> {
