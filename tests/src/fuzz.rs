@@ -140,8 +140,11 @@ fn fixtures() -> std::path::PathBuf {
 /// Every recorded kube-apiserver answer body, as a client reads it (gunzipped).
 fn recorded_bodies() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
-    let dir = fixtures().join("kube-apiserver-1.32");
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+    let dirs = ["kube-apiserver-1.32", "kube-apiserver-1.36"].map(|v| fixtures().join(v));
+    let exchanges = dirs
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten());
+    for e in exchanges {
         if let Ok(body) = std::fs::read(e.path().join("response.body")) {
             match hub::gzip::decode(&[bytes::Bytes::from(body.clone())], 64 << 20) {
                 Ok(plain) if body.starts_with(&[0x1f, 0x8b]) => out.push(plain),
@@ -173,13 +176,17 @@ fn gzip_seeds() -> Vec<Vec<u8>> {
 
 /// The recorded kubelet's request paths (with their queries).
 fn request_seeds() -> Vec<Vec<u8>> {
-    let trace = std::fs::read_to_string(fixtures().join("kubelet-1.32/kubelet-1.32-requests.tsv"))
-        .unwrap_or_default();
     let mut seen = BTreeMap::new();
-    for line in trace.lines().skip(1) {
-        if let Some(uri) = line.split('\t').nth(3) {
-            seen.entry(uri.split('?').next().unwrap_or(uri).len())
-                .or_insert_with(|| uri.as_bytes().to_vec());
+    for v in ["1.32", "1.36"] {
+        let trace = std::fs::read_to_string(
+            fixtures().join(format!("kubelet-{v}/kubelet-{v}-requests.tsv")),
+        )
+        .unwrap_or_default();
+        for line in trace.lines().skip(1) {
+            if let Some(uri) = line.split('\t').nth(3) {
+                seen.entry(uri.split('?').next().unwrap_or(uri).len())
+                    .or_insert_with(|| uri.as_bytes().to_vec());
+            }
         }
     }
     let mut out: Vec<Vec<u8>> = seen.into_values().collect();

@@ -484,3 +484,43 @@ pub fn decode_list(reply: &Reply) -> Result<(String, Vec<(String, u64)>), String
         ))
     }
 }
+
+/// What a whole streamed-list answer (read to its end) held: the names its ADDED events
+/// brought before the end bookmark, and that bookmark's resourceVersion (None when the
+/// stream had no end).
+pub fn initial_set(
+    reply: &Reply,
+) -> Result<(std::collections::BTreeSet<String>, Option<String>), String> {
+    let protobuf = reply
+        .header("content-type")
+        .is_some_and(|c| c.starts_with("application/vnd.kubernetes.protobuf"));
+    let mut events = Vec::new();
+    let mut rest = reply.body.as_slice();
+    while !rest.is_empty() {
+        if protobuf {
+            let n = u32::from_be_bytes(rest.get(..4).ok_or("a cut frame")?.try_into().unwrap())
+                as usize;
+            let frame = rest.get(4..4 + n).ok_or("a cut frame")?;
+            events.push(decode_protobuf_event(frame)?);
+            rest = &rest[4 + n..];
+        } else {
+            let end = rest.iter().position(|b| *b == b'\n').unwrap_or(rest.len());
+            if end > 0 {
+                events.push(decode_json_event(&rest[..end])?);
+            }
+            rest = rest.get(end + 1..).unwrap_or_default();
+        }
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for e in events {
+        match e.kind.as_str() {
+            "ADDED" => {
+                names.insert(e.key.rsplit('/').next().unwrap_or_default().to_string());
+            }
+            "BOOKMARK" if e.initial_events_end => return Ok((names, Some(e.rv))),
+            "BOOKMARK" => {}
+            other => return Err(format!("{other} before the end of the initial events")),
+        }
+    }
+    Ok((names, None))
+}

@@ -1,7 +1,8 @@
-//! The calls a real kubelet 1.32 makes, by shape (tests/fixtures/wire/kubelet-1.32, its
-//! `kubelet-1.32-summary.tsv`): verb, path template (`{namespace}`, `{name}`, ... stand
-//! for one segment) and the query's parameter names. A kubelet-shaped client checks
-//! against these that it makes exactly the recorded calls, and every one of them.
+//! The calls a real kubelet makes, by shape, for each recorded version
+//! (tests/fixtures/wire/kubelet-<version>, its `kubelet-<version>-summary.tsv`): verb,
+//! path template (`{namespace}`, `{name}`, ... stand for one segment) and the query's
+//! parameter names. A kubelet-shaped client checks against these that it makes exactly
+//! the recorded calls, and every one of them.
 use std::{collections::BTreeSet, path::Path};
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -27,10 +28,11 @@ fn params_of(query: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// Every call shape of the recorded trace.
-pub fn recorded() -> Vec<Shape> {
-    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/wire/kubelet-1.32/kubelet-1.32-summary.tsv");
+/// Every call shape of the recorded trace of kubelet `version` ("1.32", "1.36").
+pub fn recorded(version: &str) -> Vec<Shape> {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
+        "fixtures/wire/kubelet-{version}/kubelet-{version}-summary.tsv"
+    ));
     let text = std::fs::read_to_string(&file).expect("the recorded kubelet summary");
     text.lines()
         .skip(1)
@@ -58,7 +60,8 @@ fn verb_of(method: &str, path: &str, params: &BTreeSet<String>) -> &'static str 
         "POST" => "create",
         "PUT" => "update",
         "PATCH" => "patch",
-        "DELETE" => "delete",
+        "DELETE" if named => "delete",
+        "DELETE" => "deletecollection",
         _ => "unknown",
     }
 }
@@ -90,7 +93,7 @@ mod tests {
 
     #[test]
     fn calls_are_matched_to_their_recorded_shape() {
-        let shapes = recorded();
+        let shapes = recorded("1.32");
         assert_eq!(shapes.len(), 26);
         let pods = shape_of(
             &shapes,
@@ -109,5 +112,29 @@ mod tests {
         // A parameter kubelet never sends, or a call it never makes, has no shape.
         assert!(shape_of(&shapes, "GET", "/api/v1/pods?limit=500").is_none());
         assert!(shape_of(&shapes, "GET", "/api/v1/namespaces/x/secrets").is_none());
+        // 1.36 lists only by streaming, and wipes its node's ResourceSlices at start.
+        let shapes = recorded("1.36");
+        assert!(
+            shape_of(
+                &shapes,
+                "GET",
+                "/api/v1/pods?fieldSelector=spec.nodeName%3Dn&limit=500&resourceVersion=0"
+            )
+            .is_none()
+        );
+        let streamed = shape_of(
+            &shapes,
+            "GET",
+            "/api/v1/pods?allowWatchBookmarks=true&fieldSelector=spec.nodeName%3Dn&resourceVersionMatch=NotOlderThan&sendInitialEvents=true&timeoutSeconds=5&watch=true",
+        )
+        .unwrap();
+        assert_eq!(streamed.verb, "watch");
+        let wipe = shape_of(
+            &shapes,
+            "DELETE",
+            "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3Dn",
+        )
+        .unwrap();
+        assert_eq!(wipe.verb, "deletecollection");
     }
 }

@@ -320,15 +320,50 @@ fn chunked_list_of_5000_pods_returns_each_once() {
     }
     assert_eq!((seen.len(), pages), (5000, 10));
     assert!(!seen.contains("zz-late"));
+}
 
-    // An expired continue token is 410 Expired.
-    let page = c.get("/api/v1/pods?limit=500").json();
-    let token = page["metadata"]["continue"].as_str().unwrap().to_string();
-    seed::pod(&s.state.store, "default", "after-token", "node-0", "x");
-    c.request("POST", "/_standin/compact", &[], &[]).unwrap();
-    let gone = c.get(&format!("/api/v1/pods?limit=500&continue={token}"));
-    assert_eq!(gone.status, 410);
-    assert_eq!(gone.json()["reason"], "Expired");
+/// A continue token from before a compaction (recorded `list-continue-expired-json`):
+/// kube-apiserver 1.32 answers 410 Expired with a fresh token; 1.36 answers the next page
+/// (from its watch cache's snapshot) at the token's resourceVersion.
+#[test]
+fn an_expired_continue_token_is_410_in_1_32_and_the_next_page_in_1_36() {
+    use hub_tests::apiserver::Version;
+    for version in [Version::V1_32, Version::V1_36] {
+        let s = standin(Options {
+            version,
+            ..Options::default()
+        });
+        seed::cluster(&s.state.store, 1, 5);
+        let c = admin(&s);
+        let page = c.get("/api/v1/pods?limit=2").json();
+        let token = page["metadata"]["continue"].as_str().unwrap().to_string();
+        let rv = page["metadata"]["resourceVersion"].clone();
+        seed::pod(&s.state.store, "default", "after-token", "node-0", "x");
+        c.request("POST", "/_standin/compact", &[], &[]).unwrap();
+        let next = c.get(&format!("/api/v1/pods?limit=2&continue={token}"));
+        if version == Version::V1_32 {
+            assert_eq!(next.status, 410);
+            let status = next.json();
+            assert_eq!(status["reason"], "Expired");
+            assert!(
+                status["metadata"]["continue"]
+                    .as_str()
+                    .is_some_and(|t| !t.is_empty())
+            );
+        } else {
+            assert_eq!(next.status, 200, "{}", String::from_utf8_lossy(&next.body));
+            let list = next.json();
+            assert_eq!(list["metadata"]["resourceVersion"], rv);
+            let names: Vec<&str> = list["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["metadata"]["name"].as_str().unwrap())
+                .collect();
+            assert_eq!(names, ["pod-0-2", "pod-0-3"]);
+            assert!(list["metadata"]["continue"].as_str().is_some());
+        }
+    }
 }
 
 /// LIST by resourceVersion as kube-apiserver 1.32 answers it (recorded in

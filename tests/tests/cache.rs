@@ -12,6 +12,7 @@ use std::{
 use hub_tests::{
     apiserver::{ADMIN_TOKEN, StandIn, client::Client, resources, seed, store::Key},
     hub::LOOPBACK_NODE,
+    informer::{Informer, Mode},
     kubectl, kubectl_ok, privileged,
     scenario::{OTHER_TOKEN, Setup},
     wait_for,
@@ -996,40 +997,75 @@ fn list_answer(reply: &hub_tests::apiserver::client::Reply) -> (String, BTreeSet
     }
 }
 
-/// The informer lists a real kubelet 1.32 opens (tests/fixtures/wire/kubelet-1.32), with
-/// its selectors, for node `node`.
-fn kubelet_informer_lists(node: &str) -> Vec<String> {
-    let informer = "limit=500&resourceVersion=0";
+/// The informers a real kubelet opens (tests/fixtures/wire/kubelet-*), as (collection
+/// path, selector part of the query, whether kubelet sends `timeout` beside
+/// `timeoutSeconds`), for node `node`.
+fn kubelet_informers(node: &str) -> Vec<(&'static str, String, bool)> {
     vec![
-        format!("/api/v1/nodes?fieldSelector=metadata.name%3D{node}&{informer}"),
-        format!("/api/v1/services?fieldSelector=spec.clusterIP%21%3DNone&{informer}"),
-        format!("/apis/node.k8s.io/v1/runtimeclasses?{informer}"),
-        format!("/apis/storage.k8s.io/v1/csidrivers?{informer}"),
-        format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{node}&{informer}"),
-        format!(
-            "/api/v1/namespaces/ns1/configmaps?fieldSelector=metadata.name%3Dkube-root-ca.crt&{informer}"
+        (
+            "/api/v1/nodes",
+            format!("fieldSelector=metadata.name%3D{node}"),
+            true,
         ),
-        format!("/api/v1/namespaces/ns1/configmaps?fieldSelector=metadata.name%3Dcm-a&{informer}"),
-        format!("/api/v1/namespaces/ns1/secrets?fieldSelector=metadata.name%3Ds-a&{informer}"),
+        (
+            "/api/v1/services",
+            "fieldSelector=spec.clusterIP%21%3DNone".into(),
+            true,
+        ),
+        ("/apis/node.k8s.io/v1/runtimeclasses", String::new(), true),
+        ("/apis/storage.k8s.io/v1/csidrivers", String::new(), true),
+        (
+            "/api/v1/pods",
+            format!("fieldSelector=spec.nodeName%3D{node}"),
+            false,
+        ),
+        (
+            "/api/v1/namespaces/ns1/configmaps",
+            "fieldSelector=metadata.name%3Dkube-root-ca.crt".into(),
+            true,
+        ),
+        (
+            "/api/v1/namespaces/ns1/configmaps",
+            "fieldSelector=metadata.name%3Dcm-a".into(),
+            true,
+        ),
+        (
+            "/api/v1/namespaces/ns1/secrets",
+            "fieldSelector=metadata.name%3Ds-a".into(),
+            true,
+        ),
     ]
 }
 
-/// A kubelet-shaped client makes the calls a real kubelet makes (its informers' lists and
-/// watches with their selectors, protobuf and gzip; its node registration, lease, status
-/// and event writes) with the cloud up, with it down, and after an offline hub restart.
-/// Offline, every list is the one the cloud gave for that exact request (kept fresh by its
-/// watch), of its proper kind — never empty, never a 400 for a selector kube-apiserver
-/// accepts — and every write gets what kubelet needs to carry on. The calls it makes are
-/// checked against the recorded kubelet's call shapes (tests/fixtures/wire/kubelet-1.32):
-/// none it does not make, and every one it does.
-#[test]
-fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
+/// An informer's request: `path?selector&rest` (parameters in client-go's order).
+fn informer_query(path: &str, selector: &str, rest: &str) -> String {
+    // client-go sorts the query: allowWatchBookmarks < fieldSelector < limit < ...
+    let mut params: Vec<&str> = rest.split('&').filter(|p| !p.is_empty()).collect();
+    if !selector.is_empty() {
+        params.push(selector);
+    }
+    params.sort();
+    format!("{path}?{}", params.join("&"))
+}
+
+/// A kubelet-shaped client makes the calls a real kubelet of each recorded version makes
+/// (its informers' complete sets and watches with their selectors, protobuf and gzip;
+/// its node registration, lease, CSINode, status and event writes) with the cloud up,
+/// with it down, and after an offline hub restart. 1.32's informers LIST then watch;
+/// 1.36's list by streaming only, and the 1.36 node is a fresh one that registers itself.
+/// Offline, every set is the one the cloud gave for that exact request (kept fresh by
+/// its watch), of its proper kind — never empty, never a 400 for a selector
+/// kube-apiserver accepts — and every write gets what kubelet needs to carry on. The
+/// calls it makes are checked against the recorded kubelet's call shapes: none it does
+/// not make, and every one it does.
+fn a_kubelet_rides_out_an_outage_and_an_offline_restart(version: &str) {
+    let streaming = version != "1.32";
     let s = Setup::new(&["kubelet"]);
     let node = LOOPBACK_NODE;
     let store = &s.cloud.state.store;
     seed::base(store);
     seed::namespace(store, "ns1");
-    seed::node(store, node);
+    seed::namespace(store, "kube-node-lease");
     seed::node(store, "other-node");
     for i in 0..20 {
         seed::pod(store, "ns1", &format!("p-{i}"), node, "web");
@@ -1061,25 +1097,30 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
     let rc = serde_json::json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
         "metadata": {"name": "runc"}, "handler": "runc"});
     create("/apis/node.k8s.io/v1/runtimeclasses", &rc);
+    let node_object = serde_json::json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": node}});
     let csinode = serde_json::json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
         "metadata": {"name": node}, "spec": {"drivers": []}});
-    create("/apis/storage.k8s.io/v1/csinodes", &csinode);
     let lease = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": node, "namespace": "kube-node-lease"},
         "spec": {"holderIdentity": node, "leaseDurationSeconds": 40}});
-    seed::namespace(store, "kube-node-lease");
-    create(
-        "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
-        &lease,
-    );
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
+    if !streaming {
+        // The 1.32 kubelet was recorded on a node the cloud already knew.
+        seed::node(store, node);
+        create("/apis/storage.k8s.io/v1/csinodes", &csinode);
+        create(leases, &lease);
+    }
 
     let mut hub = s.start_hub();
     let kubelet = s.kubelet();
+    let user_agent = if streaming {
+        "kubelet/v1.36.3 (linux/amd64) kubernetes/7b29fb0"
+    } else {
+        "kubelet/v1.32.13 (linux/amd64) kubernetes/d4b43f3"
+    };
     let headers = [
-        (
-            "User-Agent",
-            "kubelet/v1.32.13 (linux/amd64) kubernetes/d4b43f3",
-        ),
+        ("User-Agent", user_agent),
         (
             "Accept",
             "application/vnd.kubernetes.protobuf,application/json",
@@ -1096,53 +1137,149 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
             .request(method, path, &h, body)
             .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     };
-    // The informers' watches, from the resourceVersion of their list, as kubelet opens them
-    // (the pods' informer sends no `timeout`).
-    let informer_watch = |list: &str, rv: u64| {
-        let (path, query) = list.split_once('?').unwrap();
-        let selector = query
-            .split('&')
-            .find(|p| p.starts_with("fieldSelector="))
-            .map(|p| format!("&{p}"))
-            .unwrap_or_default();
-        let timeout = if path == "/api/v1/pods" {
-            ""
+    let json = [("Content-Type", "application/json")];
+    let protobuf = [("Content-Type", "application/vnd.kubernetes.protobuf")];
+    let timeout = |with: bool| if with { "timeout=7m33s&" } else { "" };
+    // The informers' complete sets: a LIST (1.32), or a streamed list (1.36) whose
+    // `from` is the version it resumes from (None: its first).
+    let complete_set = |informer: &(&str, String, bool), from: Option<u64>| {
+        let (path, selector, with_timeout) = informer;
+        let (query, streamed) = if streaming {
+            let from = from
+                .map(|rv| format!("resourceVersion={rv}&"))
+                .unwrap_or_default();
+            let t = timeout(*with_timeout);
+            (
+                format!(
+                    "allowWatchBookmarks=true&{from}resourceVersionMatch=NotOlderThan&sendInitialEvents=true&{t}timeoutSeconds=1&watch=true"
+                ),
+                true,
+            )
         } else {
-            "&timeout=7m33s"
+            ("limit=500&resourceVersion=0".to_string(), false)
         };
-        format!(
-            "{path}?allowWatchBookmarks=true{selector}&resourceVersion={rv}{timeout}&timeoutSeconds=1&watch=true"
-        )
-    };
-    // 1. Cloud up: every informer lists, then watches from its list's resourceVersion.
-    let lists = kubelet_informer_lists(node);
-    let mut online = Vec::new();
-    for path in &lists {
-        let r = call("GET", path, &[], &[]);
+        let path = informer_query(path, selector, &query);
+        let r = call("GET", &path, &[], &[]);
         assert_eq!(
             r.status,
             200,
             "{path}: {}",
             String::from_utf8_lossy(&r.body)
         );
-        online.push(list_answer(&r));
+        if streamed {
+            let (names, end) =
+                hub_tests::informer::initial_set(&r).unwrap_or_else(|e| panic!("{path}: {e}"));
+            let end = end.unwrap_or_else(|| panic!("{path}: no initial-events-end bookmark"));
+            (String::new(), names, end.parse::<u64>().unwrap())
+        } else {
+            let (kind, names) = list_answer(&r);
+            let rv = hub_tests::informer::decode_list(&r)
+                .unwrap()
+                .0
+                .parse()
+                .unwrap();
+            (kind, names, rv)
+        }
+    };
+    // The informers' plain watches, from a resourceVersion, as kubelet opens them.
+    let informer_watch = |informer: &(&str, String, bool), rv: u64| {
+        let (path, selector, with_timeout) = informer;
+        let t = timeout(*with_timeout);
+        informer_query(
+            path,
+            selector,
+            &format!(
+                "allowWatchBookmarks=true&resourceVersion={rv}&{t}timeoutSeconds=1&watch=true"
+            ),
+        )
+    };
+    let informers = kubelet_informers(node);
+    let node_path = format!("/api/v1/nodes/{node}");
+    let lease_path = format!("{leases}/{node}");
+    let csinode_path = format!("/apis/storage.k8s.io/v1/csinodes/{node}");
+
+    // 1. Cloud up. A fresh 1.36 node registers itself, its lease and its CSINode first.
+    if streaming {
+        for path in [
+            format!("{csinode_path}?resourceVersion=0"),
+            csinode_path.clone(),
+        ] {
+            assert_eq!(call("GET", &path, &[], &[]).status, 404, "{path}");
+        }
+        for path in [node_path.clone(), format!("{node_path}?timeout=10s")] {
+            assert_eq!(call("GET", &path, &[], &[]).status, 404, "{path}");
+        }
+        let body = serde_json::to_vec(&node_object).unwrap();
+        assert_eq!(call("POST", "/api/v1/nodes", &json, &body).status, 201);
+        let r = call("GET", &format!("{lease_path}?timeout=10s"), &[], &[]);
+        assert_eq!(r.status, 404);
+        let body = serde_json::to_vec(&lease).unwrap();
+        let r = call("POST", &format!("{leases}?timeout=10s"), &json, &body);
+        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+        let body = serde_json::to_vec(&csinode).unwrap();
+        let r = call("POST", "/apis/storage.k8s.io/v1/csinodes", &json, &body);
+        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+        // DRA: its node's ResourceSlices are wiped at every start.
+        let wipe =
+            format!("/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node}");
+        assert_eq!(call("DELETE", &wipe, &[], &[]).status, 200);
     }
-    // A pod bound after the list reaches the node only through the pod watch.
+    // Every informer gets its set, then watches from its version.
+    let mut online = Vec::new();
+    let mut versions = Vec::new();
+    for informer in &informers {
+        let (kind, names, rv) = complete_set(informer, None);
+        online.push((kind, names));
+        versions.push(rv);
+    }
+    // A pod bound after the list reaches the node only through the pod watch: the
+    // watch that follows the LIST, or the streamed list's own stream going on.
     let rv = store.current_rv();
-    seed::pod(store, "ns1", "late", node, "web");
-    for list in &lists {
-        let r = call("GET", &informer_watch(list, rv), &[], &[]);
-        assert_eq!(r.status, 200, "{list}");
+    if streaming {
+        let mut pods = Informer::new(
+            &kubelet,
+            user_agent,
+            true,
+            informers[4].0,
+            &informers[4].1,
+            Mode::WatchList,
+        );
+        pods.sync().unwrap();
+        seed::pod(store, "ns1", "late", node, "web");
+        wait_for(
+            "the late pod on the pods' stream",
+            Duration::from_secs(20),
+            || {
+                pods.pump(Duration::from_millis(200)).unwrap();
+                pods.objects.contains_key("ns1/late").then_some(())
+            },
+        );
+        let calls = pods.calls.iter().filter_map(|c| {
+            let path = c.strip_prefix("GET ")?.split(" -> ").next()?;
+            Some(("GET".to_string(), path.to_string()))
+        });
+        made.borrow_mut().extend(calls);
+    } else {
+        seed::pod(store, "ns1", "late", node, "web");
+        for informer in &informers {
+            let r = call("GET", &informer_watch(informer, rv), &[], &[]);
+            assert_eq!(r.status, 200, "{informer:?}");
+        }
     }
     online[4].1.insert("late".into());
-    let csinode_path = format!("/apis/storage.k8s.io/v1/csinodes/{node}");
     // kubelet reads its CSINode, and each of its pods once it starts them.
     let node_reads = |when: &str| {
         for path in [
             format!("{csinode_path}?resourceVersion=0"),
             csinode_path.clone(),
         ] {
-            assert_eq!(call("GET", &path, &[], &[]).status, 200, "{when}: {path}");
+            let r = call("GET", &path, &[], &[]);
+            assert_eq!(
+                r.status,
+                200,
+                "{when}: {path}: {}",
+                String::from_utf8_lossy(&r.body)
+            );
         }
         for pod in &online[4].1 {
             let r = call(
@@ -1156,25 +1293,18 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
         }
     };
     node_reads("cloud up");
-    let node_pb = call("GET", &format!("/api/v1/nodes/{node}"), &[], &[]);
+    let node_pb = call("GET", &node_path, &[], &[]);
     assert_eq!(node_pb.status, 200);
-    let lease_path =
-        format!("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}");
     let lease_pb = call("GET", &format!("{lease_path}?timeout=10s"), &[], &[]);
     assert_eq!(lease_pb.status, 200);
-    let register = |body: &[u8]| {
-        call(
-            "POST",
-            "/api/v1/nodes",
-            &[("Content-Type", "application/vnd.kubernetes.protobuf")],
-            body,
-        )
-    };
-    assert_eq!(
-        register(&node_pb.body).status,
-        409,
-        "the cloud knows the node"
-    );
+    let register = |body: &[u8]| call("POST", "/api/v1/nodes", &protobuf, body);
+    if !streaming {
+        assert_eq!(
+            register(&node_pb.body).status,
+            409,
+            "the cloud knows the node"
+        );
+    }
     // The projected service-account token of a pod, asked in protobuf as kubelet does.
     let token_request = |pod: &str| -> Vec<u8> {
         use k8s_pb::{
@@ -1207,14 +1337,7 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
         [b"k8s\0".to_vec(), u.encode_to_vec()].concat()
     };
     let token_path = "/api/v1/namespaces/ns1/serviceaccounts/default/token";
-    let ask_token = |pod: &str| {
-        call(
-            "POST",
-            token_path,
-            &[("Content-Type", "application/vnd.kubernetes.protobuf")],
-            &token_request(pod),
-        )
-    };
+    let ask_token = |pod: &str| call("POST", token_path, &protobuf, &token_request(pod));
     let token_of = |r: &hub_tests::apiserver::client::Reply| -> String {
         use k8s_pb::{api::authentication::v1::TokenRequest, apimachinery::pkg::runtime::Unknown};
         use prost::Message;
@@ -1256,25 +1379,40 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
             Duration::from_secs(20),
             || (hub.status()["cloud"][0]["healthy"] == false).then_some(()),
         );
-        for (path, want) in lists.iter().zip(&online) {
-            let r = call("GET", path, &[], &[]);
-            let text = String::from_utf8_lossy(&r.body);
-            assert_eq!(r.status, 200, "{round}: {path}: {text}");
-            assert_eq!(&list_answer(&r), want, "{round}: {path}");
+        // Every informer's complete set again, as a restarted kubelet asks for it.
+        for (informer, want) in informers.iter().zip(&online) {
+            let (kind, names, _) = complete_set(informer, None);
+            let got = if streaming {
+                (want.0.clone(), names)
+            } else {
+                (kind, names)
+            };
+            assert_eq!(&got, want, "{round}: {informer:?}");
         }
-        let pods = call("GET", &informer_watch(&lists[4], 0), &[], &[]);
-        let (_, added) = protobuf_watch_pods(&pods.body);
-        assert_eq!(added, online[4].1, "{round}: the offline pod watch");
-        // Every informer's watch is served (from the version its list had), and every
-        // object kubelet read once.
-        for list in &lists {
-            let r = call("GET", &informer_watch(list, rv), &[], &[]);
+        if streaming {
+            // The node informer's resume after its stream ended (a plain watch from its
+            // version), and after its request failed (a streamed list from it).
+            let r = call("GET", &informer_watch(&informers[0], versions[0]), &[], &[]);
+            assert_eq!(r.status, 200, "{round}: node resume");
+            let (_, names, _) = complete_set(&informers[0], Some(versions[0]));
             assert_eq!(
-                r.status,
-                200,
-                "{round}: {list}: {}",
-                String::from_utf8_lossy(&r.body)
+                names, online[0].1,
+                "{round}: node streamed list from its version"
             );
+        } else {
+            let pods = call("GET", &informer_watch(&informers[4], 0), &[], &[]);
+            let (_, added) = protobuf_watch_pods(&pods.body);
+            assert_eq!(added, online[4].1, "{round}: the offline pod watch");
+            // Every informer's watch is served (from the version its list had).
+            for informer in &informers {
+                let r = call("GET", &informer_watch(informer, rv), &[], &[]);
+                assert_eq!(
+                    r.status,
+                    200,
+                    "{round}: {informer:?}: {}",
+                    String::from_utf8_lossy(&r.body)
+                );
+            }
         }
         node_reads(round);
         let pod_status = call(
@@ -1318,13 +1456,13 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
         let renew = call(
             "PUT",
             &format!("{lease_path}?timeout=10s"),
-            &[("Content-Type", "application/vnd.kubernetes.protobuf")],
+            &protobuf,
             &lease_pb.body,
         );
         assert_eq!(renew.status, 200, "{round}: lease renewal");
         let status_patch = call(
             "PATCH",
-            &format!("/api/v1/nodes/{node}/status?timeout=10s"),
+            &format!("{node_path}/status?timeout=10s"),
             &[("Content-Type", "application/strategic-merge-patch+json")],
             br#"{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady"}]}}"#,
         );
@@ -1336,7 +1474,7 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
         let created = call(
             "POST",
             "/api/v1/namespaces/ns1/events",
-            &[("Content-Type", "application/json")],
+            &json,
             &serde_json::to_vec(&event).unwrap(),
         );
         assert_eq!(created.status, 201, "{round}: event create");
@@ -1378,7 +1516,7 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
     );
 
     // The client made exactly the recorded kubelet's kinds of call, and every one of them.
-    let shapes = hub_tests::kubelet_trace::recorded();
+    let shapes = hub_tests::kubelet_trace::recorded(version);
     let made = made.into_inner();
     let unrecorded: Vec<String> = made
         .iter()
@@ -1387,7 +1525,7 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
         .collect();
     assert!(
         unrecorded.is_empty(),
-        "calls kubelet does not make: {unrecorded:#?}"
+        "calls kubelet {version} does not make: {unrecorded:#?}"
     );
     let used: BTreeSet<_> = made
         .iter()
@@ -1400,8 +1538,18 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart() {
         .collect();
     assert!(
         missing.is_empty(),
-        "recorded calls never made: {missing:#?}"
+        "recorded calls of kubelet {version} never made: {missing:#?}"
     );
+}
+
+#[test]
+fn a_kubelet_1_32_rides_out_an_outage_and_an_offline_restart() {
+    a_kubelet_rides_out_an_outage_and_an_offline_restart("1.32");
+}
+
+#[test]
+fn a_kubelet_1_36_rides_out_an_outage_and_an_offline_restart() {
+    a_kubelet_rides_out_an_outage_and_an_offline_restart("1.36");
 }
 
 /// The name of a protobuf object answer, read by k8s-pb.

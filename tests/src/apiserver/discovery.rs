@@ -10,11 +10,27 @@ use super::{
     resources::{self, RESOURCES},
 };
 
-pub fn version() -> Value {
-    json!({
+/// `/version` as `version` answers it (1.36 adds the emulation and compatibility
+/// versions).
+pub fn version(version: super::Version) -> Value {
+    let mut v = json!({
         "major": "1", "minor": "32", "gitVersion": "v1.32.0-hub-standin", "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.23.0", "compiler": "gc", "platform": "linux/amd64"
-    })
+    });
+    if version == super::Version::V1_36 {
+        for (k, value) in [
+            ("minor", "36"),
+            ("gitVersion", "v1.36.0-hub-standin"),
+            ("emulationMajor", "1"),
+            ("emulationMinor", "36"),
+            ("minCompatibilityMajor", "1"),
+            ("minCompatibilityMinor", "35"),
+            ("goVersion", "go1.26.0"),
+        ] {
+            v[k] = value.into();
+        }
+    }
+    v
 }
 
 pub fn api_versions(server: &str) -> Value {

@@ -670,15 +670,32 @@ fn list(state: &State, t: &Target, q: &HashMap<String, String>, format: Format) 
         },
         None => (exact_rv, None),
     };
-    let page = match state.store.list(
-        t.resource,
-        t.namespace.as_deref(),
-        at_rv,
-        start.as_ref(),
-        limit,
-        |o| labels.matches(o) && fields.matches(o),
-    ) {
+    let read = |at_rv: Option<u64>| {
+        state.store.list(
+            t.resource,
+            t.namespace.as_deref(),
+            at_rv,
+            start.as_ref(),
+            limit,
+            |o| labels.matches(o) && fields.matches(o),
+        )
+    };
+    let page = match read(at_rv) {
         Ok(p) => p,
+        // kube-apiserver 1.36 answers a continue token from before a compaction with the
+        // next page of its watch cache's snapshot at the token's version. The stand-in
+        // keeps no snapshots: the newest state after the token's place, at that version.
+        Err(StoreError::Gone { .. })
+            if start.is_some() && state.options.version == super::Version::V1_36 =>
+        {
+            match read(None) {
+                Ok(mut p) => {
+                    p.rv = at_rv.unwrap_or(p.rv);
+                    p
+                }
+                Err(e) => return bad_request(&format!("{e:?}")),
+            }
+        }
         Err(StoreError::Gone { .. }) if start.is_none() => {
             return status_error(
                 StatusCode::GONE,

@@ -412,7 +412,7 @@ async fn route(
     }
     let Some(user) = user else {
         if public_path(&path) {
-            return misc(&path).unwrap_or_else(not_found);
+            return misc(&path, state.options.version).unwrap_or_else(not_found);
         }
         return status_error(
             StatusCode::UNAUTHORIZED,
@@ -556,7 +556,7 @@ async fn authenticated(
     path: String,
     req: Request<Incoming>,
 ) -> Response<Body> {
-    if let Some(resp) = misc(&path) {
+    if let Some(resp) = misc(&path, state.options.version) {
         return resp;
     }
     let accept = req
@@ -648,7 +648,7 @@ fn not_found() -> Response<Body> {
     )
 }
 
-fn misc(path: &str) -> Option<Response<Body>> {
+fn misc(path: &str, version: Version) -> Option<Response<Body>> {
     let text = |t: &'static str| {
         Response::builder()
             .status(StatusCode::OK)
@@ -658,7 +658,7 @@ fn misc(path: &str) -> Option<Response<Body>> {
     };
     match path {
         "/healthz" | "/livez" | "/readyz" => Some(text("ok")),
-        "/version" => Some(json_response(StatusCode::OK, &discovery::version())),
+        "/version" => Some(json_response(StatusCode::OK, &discovery::version(version))),
         _ => None,
     }
 }

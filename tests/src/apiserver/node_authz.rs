@@ -6,7 +6,8 @@
 //! lease and CSINode; read pods bound to it (list and watch only with
 //! `fieldSelector=spec.nodeName=<n>`) and update their status; read a Secret, ConfigMap
 //! or PersistentVolumeClaim, and ask for a ServiceAccount's token, only when a pod bound
-//! to it references that object; send events and CSRs. Anything else gets no opinion
+//! to it references that object; send events and CSRs; manage its own ResourceSlices
+//! (by `spec.nodeName`). Anything else gets no opinion
 //! here, and the RBAC rules decide (as the `Node,RBAC` authorizer chain does).
 use serde_json::Value;
 
@@ -101,6 +102,11 @@ pub fn decide(store: &Store, node: &str, a: &Attributes) -> Decision {
             rule(matches!(a.verb, "create" | "get" | "list" | "watch"))
         }
         ("services" | "endpoints" | "csidrivers" | "runtimeclasses", None) => rule(read),
+        // Its own ResourceSlices (kubelet 1.36 wipes them at every start).
+        ("resourceslices", None) => rule(match a.verb {
+            "list" | "watch" | "deletecollection" => a.fields.equals("spec.nodeName") == Some(node),
+            _ => true,
+        }),
         ("tokenreviews" | "subjectaccessreviews", None) => rule(a.verb == "create"),
         _ => Decision::NoOpinion(None),
     }

@@ -836,6 +836,24 @@ pub fn list(
     envelope(api_version, &format!("{kind}List"), body)
 }
 
+/// An empty list of `kind`s as kube-apiserver 1.32 names it in a streamed list's
+/// `initial-events-list-blueprint`: its ListMeta's three strings written though empty
+/// (gogo-protobuf writes every non-pointer string), no items.
+pub fn blueprint(api_version: &str, kind: &str) -> Vec<u8> {
+    let meta = ListMeta {
+        self_link: Some(String::new()),
+        resource_version: Some(String::new()),
+        r#continue: Some(String::new()),
+        remaining_item_count: None,
+    };
+    let body = core::PodList {
+        metadata: Some(meta),
+        items: vec![],
+    }
+    .encode_to_vec();
+    envelope(api_version, &format!("{kind}List"), body)
+}
+
 /// One length-prefixed watch frame: a WatchEvent whose object is the enveloped object.
 pub fn watch_frame(event_type: &str, api_version: &str, kind: &str, o: &Value) -> Vec<u8> {
     event_frame(event_type, object(api_version, kind, o))

@@ -96,6 +96,7 @@ pub static RESOURCES: &[Resource] = &[
     r("node.k8s.io", "v1", "runtimeclasses", "runtimeclass", "RuntimeClass", false, &[], &[]),
     r("storage.k8s.io", "v1", "csidrivers", "csidriver", "CSIDriver", false, &[], &[]),
     r("storage.k8s.io", "v1", "csinodes", "csinode", "CSINode", false, &[], &[]),
+    r("resource.k8s.io", "v1", "resourceslices", "resourceslice", "ResourceSlice", false, &[], &[]),
     r("example.hub.dev", "v1", "widgets", "widget", "Widget", true, &["wd"], &[]),
 ];
 

@@ -132,6 +132,7 @@ fn supported(kind: &str, field: &str) -> bool {
         "Node" => field == "spec.unschedulable",
         "Namespace" => field == "status.phase",
         "CertificateSigningRequest" => field == "spec.signerName",
+        "ResourceSlice" => matches!(field, "spec.nodeName" | "spec.driver" | "spec.pool.name"),
         _ => false,
     }
 }

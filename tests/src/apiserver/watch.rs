@@ -304,14 +304,14 @@ fn initial_events_end(r: &resources::Resource, rv: u64, version: Version, format
         use base64::Engine;
         let list_kind = format!("{}List", r.kind);
         let blueprint = if format == Format::Protobuf {
-            super::protobuf::list(&r.api_version(), r.kind, &[], "", None, None)
+            super::protobuf::blueprint(&r.api_version(), r.kind)
         } else {
-            let mut b =
-                serde_json::to_vec(&json!({"kind": list_kind, "apiVersion": r.api_version(),
-                "metadata": {}, "items": null}))
-                .expect("json");
-            b.push(b'\n');
-            b
+            // In kube-apiserver's field order.
+            format!(
+                "{{\"kind\":\"{list_kind}\",\"apiVersion\":\"{}\",\"metadata\":{{}},\"items\":null}}\n",
+                r.api_version()
+            )
+            .into_bytes()
         };
         meta["creationTimestamp"] = Value::Null;
         meta["annotations"]["kubernetes.io/initial-events-list-blueprint"] =
