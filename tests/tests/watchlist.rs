@@ -252,6 +252,36 @@ fn informers_ride_out_an_outage_a_restart_and_a_deletion_while_stopped(mode: Mod
         Mode::WatchList => Mode::ListThenWatch,
     };
     fresh_sets_are(&node, other, &want, "outage, the other shape");
+    // A LIST of the pods with each resourceVersion semantics: the held set.
+    let pods = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
+    let list = |query: &str| {
+        let headers = [
+            ("User-Agent", KUBELET),
+            ("Accept", "application/vnd.kubernetes.protobuf"),
+        ];
+        let r = node
+            .kubelet
+            .request("GET", &format!("{pods}{query}"), &headers, &[])
+            .unwrap();
+        assert_eq!(
+            r.status,
+            200,
+            "{query}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        r
+    };
+    let rv = hub_tests::informer::decode_list(&list("")).unwrap().0;
+    for query in [
+        String::new(),
+        "&resourceVersion=0".into(),
+        format!("&resourceVersion={rv}&resourceVersionMatch=NotOlderThan"),
+    ] {
+        let r = list(&query);
+        let (_, items) = hub_tests::informer::decode_list(&r).unwrap();
+        let names: Vec<String> = items.into_iter().map(|(k, _)| k).collect();
+        assert_eq!(names, want[0], "LIST{query}");
+    }
 
     // 3. The hub restarts with the cloud still away: the same sets.
     drop(hub);
