@@ -28,9 +28,8 @@ enum Command {
     Run(RunArgs),
     /// Ask a running hub (its admin port) for its state.
     Status {
-        /// Admin address of the hub.
-        #[arg(long, default_value = "127.0.0.1:10267")]
-        admin: SocketAddr,
+        #[command(flatten)]
+        admin: AdminAt,
         #[arg(long, short, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
@@ -102,11 +101,37 @@ struct InstallArgs {
     uninstall: bool,
 }
 
+/// Where a running hub's admin port is.
+#[derive(Args)]
+struct AdminAt {
+    /// Admin address of the hub (default: listen.admin of --config, else 127.0.0.1:10267).
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+    /// The hub's configuration file: its listen.admin is the address to ask.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+}
+
+impl AdminAt {
+    fn address(&self) -> Result<SocketAddr, String> {
+        if let Some(a) = self.admin {
+            return Ok(a);
+        }
+        match &self.config {
+            Some(path) => Config::load(path)
+                .map(|c| c.listen.admin)
+                .map_err(|e| format!("{}: {e}", path.display())),
+            None => Ok(crate::config::DEFAULT_ADMIN
+                .parse()
+                .expect("the default admin address")),
+        }
+    }
+}
+
 #[derive(Args)]
 struct TraceArgs {
-    /// Admin address of the hub.
-    #[arg(long, default_value = "127.0.0.1:10267")]
-    admin: SocketAddr,
+    #[command(flatten)]
+    admin: AdminAt,
     /// `json`: one JSON object per line, as the hub sends them.
     #[arg(long, short, value_enum, default_value_t = Output::Text)]
     output: Output,
@@ -246,7 +271,7 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run(args),
         Command::Status { admin, output } => with_runtime(async move {
-            let report = admin::fetch_status(admin)
+            let report = admin::fetch_status(admin.address()?)
                 .await
                 .map_err(|e| e.to_string())?;
             Ok(match output {
@@ -313,9 +338,16 @@ fn trace(args: TraceArgs) -> ExitCode {
         .build()
         .expect("tokio runtime");
     let json = matches!(args.output, Output::Json);
+    let admin = match args.admin.address() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("hub: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     let mut out = std::io::stdout().lock();
     let followed = rt.block_on(follow(
-        args.admin, args.logs, &filter, json, args.count, &mut out,
+        admin, args.logs, &filter, json, args.count, &mut out,
     ));
     match followed {
         Ok(n) if args.count.is_none_or(|want| n >= want) => ExitCode::SUCCESS,
@@ -504,6 +536,9 @@ fn run(args: RunArgs) -> ExitCode {
         return ExitCode::from(EXIT_CONFIG);
     }
     if args.check {
+        for w in intercept::scope::warnings(&config) {
+            eprintln!("hub: warning: {w}");
+        }
         println!("config ok: {}", args.config.display());
         return ExitCode::SUCCESS;
     }
@@ -565,8 +600,11 @@ fn run(args: RunArgs) -> ExitCode {
 fn init_tracing(default: &str) {
     use tracing_subscriber::{EnvFilter, util::SubscriberInitExt};
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // Colour only for a person at a terminal; a log file gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .finish()
         .try_init();

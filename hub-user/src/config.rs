@@ -229,8 +229,11 @@ fn default_proxy() -> SocketAddr {
 fn default_tls_proxy() -> SocketAddr {
     "169.254.2.1:10268".parse().unwrap()
 }
+/// listen.admin's default (OpenYurt's port).
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:10267";
+
 fn default_admin() -> SocketAddr {
-    "127.0.0.1:10267".parse().unwrap()
+    DEFAULT_ADMIN.parse().unwrap()
 }
 fn default_cache_dir() -> PathBuf {
     "/var/lib/hub".into()

@@ -257,7 +257,13 @@ pub async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let cloud = Arc::new(cloud_from_config(&config)?);
     state.set_cloud(cloud.clone());
-    tokio::spawn(cloud.clone().probe_forever(stop_rx.clone()));
+    // What the log says the node does while the cloud is gone: only what is configured.
+    let offline = match (config.cache.enabled, config.pool_name.is_some()) {
+        (true, true) => "reads are served by the pool and the local cache, node writes are queued",
+        (true, false) => "reads are served from the local cache, node writes are queued",
+        (false, _) => "requests fail until it is back (no cache configured)",
+    };
+    tokio::spawn(cloud.clone().probe_forever(stop_rx.clone(), offline));
     tokio::spawn(watch_node_identity(
         config.clone(),
         cloud.clone(),
@@ -270,6 +276,10 @@ pub async fn run(
         config.intercept.pods_cgroup_path.as_deref(),
         &config.intercept.cgroup_path,
     );
+    tracing::info!(found = ?pods.present(), "the pods' cgroups");
+    for w in crate::intercept::scope::warnings(&config) {
+        tracing::warn!("{w}");
+    }
     tokio::spawn(admin::serve(
         admin_listener,
         state.clone(),

@@ -80,6 +80,7 @@ impl Collector for CacheCollector {
                     ("accepted", s.offline_accepted),
                     ("replayed", s.replayed),
                     ("dropped", s.replay_dropped),
+                    ("superseded", s.superseded),
                 ],
             ),
         ];
@@ -237,6 +238,8 @@ pub struct Metrics {
     pub open_streams: Gauge,
     pub upstream_healthy: Family<ServerLabels, Gauge>,
     pub intercepted: Counter,
+    /// The hub's own Warning headers, at most once a minute per client and kind.
+    pub warnings: crate::proxy::warnings::Warnings,
 }
 
 impl Default for Metrics {
@@ -255,6 +258,7 @@ impl Metrics {
         let open_streams = Gauge::default();
         let upstream_healthy = Family::<ServerLabels, Gauge>::default();
         let intercepted = Counter::default();
+        let warnings = crate::proxy::warnings::Warnings::default();
         {
             let proxy = registry.sub_registry_with_prefix("proxy");
             proxy.register(
@@ -271,6 +275,11 @@ impl Metrics {
                 "open_streams",
                 "Watches, followed logs and upgraded connections in progress",
                 open_streams.clone(),
+            );
+            proxy.register(
+                "warnings_suppressed",
+                "The hub's own Warning headers left out of answers (a client hears each kind once a minute), by kind",
+                warnings.suppressed.clone(),
             );
         }
         registry.sub_registry_with_prefix("upstream").register(
@@ -300,6 +309,7 @@ impl Metrics {
             open_streams,
             upstream_healthy,
             intercepted,
+            warnings,
         }
     }
 

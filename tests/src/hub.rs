@@ -242,6 +242,11 @@ impl HubProc {
         c
     }
 
+    /// The configuration file it was started with.
+    pub fn config_path(&self) -> PathBuf {
+        self._dir.path().join("hub.yaml")
+    }
+
     /// The cache directory of a hub started with the suggested one (`HubProc::start`).
     pub fn cache_dir(&self) -> PathBuf {
         self._dir.path().join("cache")

@@ -5,6 +5,7 @@ pub mod cgroup;
 pub mod cloud;
 pub mod etcd;
 pub mod fuzz;
+pub mod h2;
 pub mod hub;
 pub mod informer;
 pub mod kubelet_trace;

@@ -92,3 +92,60 @@ fn status_without_a_daemon_says_so() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot reach the hub admin port"), "{err}");
 }
+
+/// The cgroup2 hierarchy's root on this machine (its mount point).
+fn cgroup2_root() -> String {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    mounts
+        .lines()
+        .find_map(|l| {
+            let (before, after) = l.split_once(" - ")?;
+            (after.split_whitespace().next()? == "cgroup2")
+                .then(|| before.split_whitespace().nth(4).map(String::from))?
+        })
+        .expect("a cgroup2 mount")
+}
+
+/// `hub run --check` still says `config ok`, and warns when the programs would attach at
+/// the cgroup2 root (every process on the host redirected, a loopback apiserver's own
+/// clients too); attached to a cgroup below it, it does not.
+#[test]
+fn check_warns_when_interception_would_reach_the_whole_host() {
+    let root = cgroup2_root();
+    let dir = TempDir::new("cli-scope");
+    let config = |cgroup: &str| {
+        let path = dir.path().join("hub.yaml");
+        std::fs::write(
+            &path,
+            format!(
+                "nodeName: n1\ncloud:\n  servers: [\"https://127.0.0.1:6443\"]\nintercept:\n  cgroupPath: {cgroup}\n  vips: [\"127.0.0.1:6443\"]\n"
+            ),
+        )
+        .unwrap();
+        let out = Command::new(hub_bin())
+            .args(["run", "--check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("config ok"));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let warned = config(&root);
+    assert!(
+        warned.contains(
+            "is the root of a cgroup2 hierarchy: every process on the host is redirected"
+        ),
+        "{warned}"
+    );
+    assert!(
+        warned.contains("loopback address(es) 127.0.0.1:6443"),
+        "{warned}"
+    );
+    let below = std::path::Path::new(&root).join("hub-check-nonexistent");
+    assert_eq!(
+        config(&below.display().to_string()),
+        "",
+        "no warning below the root"
+    );
+}

@@ -115,6 +115,9 @@ pub struct CacheStatus {
     pub queued: u64,
     pub replayed: u64,
     pub replay_dropped: u64,
+    /// Queued writes a newer one of the same object superseded (never sent).
+    #[serde(default)]
+    pub superseded: u64,
     pub last_error: Option<String>,
 }
 
@@ -144,6 +147,18 @@ fn is_discovery(path: &str) -> bool {
         segs.as_slice(),
         ["version"] | ["api"] | ["api", _] | ["apis"] | ["apis", _] | ["apis", _, _]
     )
+}
+
+/// A write whose answer is the object's latest state, kept like a GET answer when the node
+/// identity made it: what the node wrote (its Node, Lease, CSINode, pods' status, ...) it
+/// can read back offline, though it never read it from the cloud. Events are left out
+/// (nothing on the node reads them back, and they would pile up), and so are token
+/// requests (their answer is no object of the path; `tokens` keeps them).
+pub fn keeps_written(info: &RequestInfo) -> bool {
+    matches!(info.verb, "create" | "update" | "patch")
+        && info.is_resource
+        && matches!(info.subresource.as_str(), "" | "status")
+        && !(info.resource == "events" && matches!(info.group.as_str(), "" | "events.k8s.io"))
 }
 
 /// A watch that lists by streaming (`sendInitialEvents=true`, client-go's WatchListClient):
@@ -235,8 +250,8 @@ impl Cache {
         self.components.iter().any(|c| c == name)
     }
 
-    /// Wraps a 200 answer from the cloud so a copy reaches the store; other answers pass
-    /// unchanged.
+    /// Wraps a 200 answer from the cloud so a copy reaches the store — and a 200 or 201
+    /// to a write of the node's own (see [`keeps_written`]); other answers pass unchanged.
     pub fn tee(
         &self,
         resp: Response<ProxyBody>,
@@ -246,7 +261,15 @@ impl Cache {
         credential: impl FnOnce() -> String,
         component: &str,
     ) -> Response<ProxyBody> {
-        if resp.status() != StatusCode::OK {
+        let written = keeps_written(info);
+        let kept =
+            resp.status() == StatusCode::OK || (written && resp.status() == StatusCode::CREATED);
+        if !kept {
+            return resp;
+        }
+        // What a write answers is kept for the node identity only.
+        let credential = std::cell::LazyCell::new(credential);
+        if written && *credential != "node" {
             return resp;
         }
         let content_type = resp
@@ -274,11 +297,13 @@ impl Cache {
         } else {
             // A Table is a rendering, not the objects: nothing to cache from it.
             let table = content_type.contains("as=Table");
-            if !self.caches_component(component) || !info.subresource.is_empty() || table {
+            let whole_object = info.subresource.is_empty() || written;
+            if !self.caches_component(component) || !whole_object || table {
                 return resp;
             }
             match info.verb {
                 "get" => TargetKind::Object,
+                _ if written => TargetKind::Object,
                 "list" => TargetKind::List {
                     namespace: info.namespace.clone(),
                     label_selector: serve::param(query, "labelSelector"),
@@ -308,7 +333,7 @@ impl Cache {
             }
         };
         let target = Target {
-            credential: credential(),
+            credential: std::cell::LazyCell::force(&credential).clone(),
             component: component.to_string(),
             gvr: info.gvr(),
             resource: info.resource.clone(),
@@ -368,6 +393,7 @@ impl Cache {
             queued: self.store.queue_len().unwrap_or_default(),
             replayed: s.replayed.load(Relaxed),
             replay_dropped: s.replay_dropped.load(Relaxed),
+            superseded: s.superseded.load(Relaxed),
             last_error: s
                 .last_error
                 .lock()

@@ -63,6 +63,27 @@ pub fn replayable(info: &RequestInfo) -> bool {
         }
 }
 
+/// A write that a newer one of the same object makes pointless: a lease renewal, the
+/// node's status (kubelet patches it against the node it last read, so the newest patch
+/// carries everything the earlier ones did). Only the newest queued one is sent, and none
+/// once the client writes again itself after the cloud's return.
+pub fn supersedable(info: &RequestInfo) -> bool {
+    let named = !info.name.is_empty();
+    match (
+        info.group.as_str(),
+        info.resource.as_str(),
+        info.subresource.as_str(),
+    ) {
+        ("coordination.k8s.io", "leases", "") => named && info.verb == "update",
+        ("", "nodes", "status") => named && matches!(info.verb, "update" | "patch"),
+        _ => false,
+    }
+}
+
+/// How long after the cloud's return a queued supersedable write waits for the client's
+/// own next write (kubelet renews its lease every 10 s) before it is replayed.
+const SUPERSEDE_GRACE: Duration = Duration::from_secs(12);
+
 /// The replayable writes that go to the outbox offline (a token request or a node's
 /// registration is answered from the cache instead, never queued).
 pub fn queued_when_offline(info: &RequestInfo) -> bool {
@@ -98,6 +119,17 @@ struct Queued {
     content_type: String,
     component: String,
     body: String,
+}
+
+impl Queued {
+    fn request_info(&self) -> RequestInfo {
+        let (path, query) = self
+            .path_and_query
+            .split_once('?')
+            .unwrap_or((&self.path_and_query, ""));
+        let method = self.method.parse::<Method>().unwrap_or(Method::GET);
+        RequestInfo::parse(&method, path, query)
+    }
 }
 
 /// The node's freshest cached copy of an object (any component).
@@ -294,13 +326,16 @@ impl Cache {
                     item.clone(),
                 )
             });
+            if supersedable(&info) {
+                me.supersede_queued(&queued.method, &queued.path_and_query);
+            }
             let raw = serde_json::to_vec(&queued).unwrap_or_default();
             let budget = is_event(&info).then_some(EVENT_BUDGET);
             let done = match me.store.enqueue(&raw, update, MAX_QUEUED, budget) {
                 Ok(d) => d,
                 Err(e) => return unavailable(&format!("this write cannot be queued: {e}")),
             };
-            me.note_queued(done);
+            me.note_queued(done, behind_replay);
             Response::builder()
                 .status(code)
                 .header(header::CONTENT_TYPE, item.encoding.content_type())
@@ -323,7 +358,7 @@ impl Cache {
 impl Cache {
     /// Counts a write queued offline; says so at INFO at most every 30 s, and every time
     /// older events had to be dropped for it.
-    fn note_queued(&self, done: store::Enqueued) {
+    fn note_queued(&self, done: store::Enqueued, behind_replay: bool) {
         use std::sync::atomic::Ordering::Relaxed;
         let accepted = self.stats.offline_accepted.fetch_add(1, Relaxed) + 1;
         if done.dropped > 0 {
@@ -343,18 +378,78 @@ impl Cache {
             .unwrap_or_else(|p| p.into_inner());
         if last.is_none_or(|t| t.elapsed() >= QUEUED_LOG_EVERY) {
             *last = Some(std::time::Instant::now());
-            tracing::info!(
-                queued = done.queued,
-                accepted_so_far = accepted,
-                "offline: the cloud is unreachable; node writes are queued for replay"
-            );
+            if behind_replay {
+                tracing::info!(
+                    queued = done.queued,
+                    accepted_so_far = accepted,
+                    "the cloud is back; node writes wait behind the replay of earlier ones"
+                );
+            } else {
+                tracing::info!(
+                    queued = done.queued,
+                    accepted_so_far = accepted,
+                    "offline: the cloud is unreachable; node writes are queued for replay"
+                );
+            }
         }
+    }
+}
+
+impl Cache {
+    /// Drops the queued writes `method path` makes pointless (same method, same object);
+    /// they are counted, never sent. Returns how many.
+    pub fn supersede_queued(&self, method: &str, path_and_query: &str) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        let path = path_and_query.split('?').next().unwrap_or_default();
+        let same = |_: u64, raw: &[u8]| {
+            serde_json::from_slice::<Queued>(raw).is_ok_and(|q| {
+                q.method == method && q.path_and_query.split('?').next() == Some(path)
+            })
+        };
+        match self.store.remove_queued_where(same) {
+            Ok(n) => {
+                self.stats.superseded.fetch_add(n, Relaxed);
+                if n > 0 {
+                    tracing::debug!(
+                        superseded = n,
+                        "{method} {path}: older queued writes dropped"
+                    );
+                }
+                n
+            }
+            Err(e) => {
+                self.stats.error(format!("outbox: {e}"));
+                0
+            }
+        }
+    }
+
+    /// The cloud's answer to a replayed write is the object's state now: it replaces what
+    /// the offline answer put in the cache (as the answer to the live write would have).
+    fn keep_replay_answer(&self, q: &Queued, content_type: &str, answer: Bytes) {
+        let info = q.request_info();
+        let Some(encoding) = Encoding::of_content_type(content_type) else {
+            return;
+        };
+        if answer.is_empty() || !super::keeps_written(&info) {
+            return;
+        }
+        let target = super::writer::Target {
+            credential: "node".into(),
+            component: q.component.clone(),
+            gvr: info.gvr(),
+            resource: info.resource.clone(),
+            encoding,
+            kind: super::writer::TargetKind::Object,
+        };
+        self.writer.send_whole(target, vec![answer], false);
     }
 }
 
 /// What happened to one replayed write.
 enum Replay {
-    Done,
+    /// Accepted: the cloud's answer (its Content-Type and body).
+    Done(String, Bytes),
     /// Not accepted by the cloud for a reason retrying will not change.
     Dropped(String),
     /// The cloud is not answering (yet): keep it and the writes after it.
@@ -363,20 +458,23 @@ enum Replay {
     Refused(String),
 }
 
-async fn send(
-    cloud: &Cloud,
-    q: &Queued,
-    body: Bytes,
-    method: &Method,
-) -> Option<(StatusCode, Bytes)> {
+/// One answer from the cloud: status, Content-Type and body.
+type Answer = (StatusCode, String, Bytes);
+
+async fn send(cloud: &Cloud, q: &Queued, body: Bytes, method: &Method) -> Option<Answer> {
     let ua = format!("{}/offline-replay (hub)", q.component);
+    // The answer in the encoding the client wrote in: the copy it replaces is in it too.
+    let accept = match Encoding::of_content_type(&q.content_type) {
+        Some(Encoding::Protobuf) => "application/vnd.kubernetes.protobuf, application/json",
+        _ => "application/json",
+    };
     let (resp, _) = cloud
         .send(AsWho::Node, |server| {
             Request::builder()
                 .method(method.clone())
                 .uri(server.uri(q.path_and_query.parse().ok()?))
                 .header(header::CONTENT_TYPE, &q.content_type)
-                .header(header::ACCEPT, "application/json")
+                .header(header::ACCEPT, accept)
                 .header(header::USER_AGENT, &ua)
                 .body(body.clone())
                 .ok()
@@ -384,12 +482,21 @@ async fn send(
         .await
         .ok()?;
     let code = resp.status();
+    let content_type = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let gzip = resp.headers().contains_key(header::CONTENT_ENCODING);
     let answer = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
         .collect()
         .await
         .ok()?
         .to_bytes();
-    Some((code, answer))
+    // A compressed answer is not read (only large ones are compressed).
+    let answer = if gzip { Bytes::new() } else { answer };
+    Some((code, content_type, answer))
 }
 
 /// The body with `metadata.resourceVersion` set to `rv` (JSON or enveloped protobuf).
@@ -404,7 +511,13 @@ fn with_rv(content_type: &str, body: &[u8], rv: &str) -> Option<Vec<u8>> {
     }
 }
 
+/// A Status answer's message, in JSON or protobuf (Status.message is field 3).
 fn message(answer: &[u8]) -> String {
+    if let Some(u) = kproto::unwrap(answer) {
+        return kproto::fields(u.raw)
+            .map(|f| kproto::text(&f, 3))
+            .unwrap_or_default();
+    }
     serde_json::from_slice::<Value>(answer)
         .ok()
         .and_then(|v| v["message"].as_str().map(String::from))
@@ -418,11 +531,12 @@ async fn replay(cloud: &Cloud, q: &Queued) -> Replay {
     let Ok(method) = q.method.parse::<Method>() else {
         return Replay::Dropped(format!("bad method {}", q.method));
     };
-    let Some((code, answer)) = send(cloud, q, body.clone().into(), &method).await else {
+    let Some((code, content_type, answer)) = send(cloud, q, body.clone().into(), &method).await
+    else {
         return Replay::Later;
     };
     if code.is_success() {
-        return Replay::Done;
+        return Replay::Done(content_type, answer);
     }
     if code == StatusCode::CONFLICT && method == Method::PUT {
         // Someone else wrote the object meanwhile: take its current resourceVersion and
@@ -435,7 +549,8 @@ async fn replay(cloud: &Cloud, q: &Queued) -> Replay {
             component: q.component.clone(),
             body: String::new(),
         };
-        let Some((StatusCode::OK, current)) = send(cloud, &get, Bytes::new(), &Method::GET).await
+        let Some((StatusCode::OK, _, current)) =
+            send(cloud, &get, Bytes::new(), &Method::GET).await
         else {
             return Replay::Later;
         };
@@ -446,8 +561,8 @@ async fn replay(cloud: &Cloud, q: &Queued) -> Replay {
             return Replay::Dropped("conflict, and the current object could not be read".into());
         };
         return match send(cloud, q, retry.into(), &method).await {
-            Some((c, _)) if c.is_success() => Replay::Done,
-            Some((c, a)) => Replay::Dropped(format!(
+            Some((c, ct, a)) if c.is_success() => Replay::Done(ct, a),
+            Some((c, _, a)) => Replay::Dropped(format!(
                 "conflict retried, cloud answered {c}: {}",
                 message(&a)
             )),
@@ -483,6 +598,8 @@ pub async fn replay_forever(cache: Arc<Cache>, cloud: Arc<Cloud>, mut stop: watc
     let mut retrying: Option<Retrying> = None;
     // Counts since the queue was last empty, for the "replay done" line.
     let (mut replayed, mut dropped) = (0u64, 0u64);
+    // Since when the cloud has been healthy, as the replayer last saw it.
+    let mut back_since: Option<std::time::Instant> = None;
     loop {
         let pause = retrying.as_ref().map_or(REPLAY_EVERY, |r| r.backoff);
         tokio::select! {
@@ -490,8 +607,14 @@ pub async fn replay_forever(cache: Arc<Cache>, cloud: Arc<Cloud>, mut stop: watc
             _ = stop.wait_for(|s| *s) => return,
         }
         if !cloud.healthy() {
+            back_since = None;
             continue;
         }
+        let back = *back_since.get_or_insert_with(std::time::Instant::now);
+        // A queued lease renewal or node status waits a moment for the client's own next
+        // one, which would find the cloud's object changed under it if this went first.
+        let waiting_for_newer =
+            |q: &Queued| back.elapsed() < SUPERSEDE_GRACE && supersedable(&q.request_info());
         let store = cache.store.clone();
         let Ok(Ok(batch)) = tokio::task::spawn_blocking(move || store.queued(64)).await else {
             continue;
@@ -506,6 +629,7 @@ pub async fn replay_forever(cache: Arc<Cache>, cloud: Arc<Cloud>, mut stop: watc
         }
         for (seq, raw) in batch {
             let outcome = match serde_json::from_slice::<Queued>(&raw) {
+                Ok(q) if waiting_for_newer(&q) => continue,
                 Ok(q) => {
                     let mut r = replay(&cloud, &q).await;
                     if let Replay::Refused(why) | Replay::Dropped(why) = &r {
@@ -549,8 +673,11 @@ pub async fn replay_forever(cache: Arc<Cache>, cloud: Arc<Cloud>, mut stop: watc
             };
             match outcome {
                 Replay::Later | Replay::Refused(_) => break,
-                Replay::Done => {
+                Replay::Done(content_type, answer) => {
                     replayed += 1;
+                    if let Ok(q) = serde_json::from_slice::<Queued>(&raw) {
+                        cache.keep_replay_answer(&q, &content_type, answer);
+                    }
                     cache.stats.replayed.fetch_add(1, Relaxed)
                 }
                 Replay::Dropped(_) => {

@@ -1080,23 +1080,45 @@ impl Store {
         {
             let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
             outbox.remove(seq).map_err(db_err)?;
+            forget_expendable(&mut txn.open_table(EXPENDABLE).map_err(db_err)?, seq)?;
             self.queued
                 .store(outbox.len().map_err(db_err)?, Ordering::Relaxed);
         }
-        {
-            let mut cheap = txn.open_table(EXPENDABLE).map_err(db_err)?;
-            let size = cheap.remove(seq).map_err(db_err)?.map(|v| v.value());
-            if let Some(size) = size {
-                let total = cheap
-                    .get(BUDGET_TOTAL)
-                    .map_err(db_err)?
-                    .map_or(0, |v| v.value());
-                cheap
-                    .insert(BUDGET_TOTAL, total.saturating_sub(size))
-                    .map_err(db_err)?;
-            }
-        }
         txn.commit().map_err(db_err)
+    }
+
+    /// Removes every queued write `pick` chooses (by sequence number and bytes), in one
+    /// transaction; returns how many went.
+    pub fn remove_queued_where(
+        &self,
+        pick: impl Fn(u64, &[u8]) -> bool,
+    ) -> Result<u64, StoreError> {
+        let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
+        let Some(Db::ReadWrite(db)) = guard.as_ref() else {
+            return Err(StoreError::Db("store closed or opened read-only".into()));
+        };
+        let txn = db.begin_write().map_err(db_err)?;
+        let mut removed = 0;
+        {
+            let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
+            let mut picked = Vec::new();
+            for entry in outbox.iter().map_err(db_err)? {
+                let (k, v) = entry.map_err(db_err)?;
+                if pick(k.value(), v.value()) {
+                    picked.push(k.value());
+                }
+            }
+            let mut cheap = txn.open_table(EXPENDABLE).map_err(db_err)?;
+            for seq in picked {
+                outbox.remove(seq).map_err(db_err)?;
+                forget_expendable(&mut cheap, seq)?;
+                removed += 1;
+            }
+            self.queued
+                .store(outbox.len().map_err(db_err)?, Ordering::Relaxed);
+        }
+        txn.commit().map_err(db_err)?;
+        Ok(removed)
     }
 
     /// Stored entries (objects and tombstones) and the file's size: cheap enough for
@@ -1111,6 +1133,21 @@ impl Store {
         let bytes = std::fs::metadata(&self.path).map_or(0, |m| m.len());
         Ok((entries, bytes))
     }
+}
+
+/// Takes a write that left the queue out of the expendable writes' budget, if it was one.
+fn forget_expendable(cheap: &mut redb::Table<u64, u64>, seq: u64) -> Result<(), StoreError> {
+    let size = cheap.remove(seq).map_err(db_err)?.map(|v| v.value());
+    if let Some(size) = size {
+        let total = cheap
+            .get(BUDGET_TOTAL)
+            .map_err(db_err)?
+            .map_or(0, |v| v.value());
+        cheap
+            .insert(BUDGET_TOTAL, total.saturating_sub(size))
+            .map_err(db_err)?;
+    }
+    Ok(())
 }
 
 fn tombstone(mut item: Item, now: u64) -> Record {

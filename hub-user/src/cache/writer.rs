@@ -183,6 +183,8 @@ pub struct Stats {
     pub offline_accepted: AtomicU64,
     pub replayed: AtomicU64,
     pub replay_dropped: AtomicU64,
+    /// Queued writes a newer write of the same object made pointless: never sent.
+    pub superseded: AtomicU64,
     pub last_error: Mutex<Option<String>>,
     /// When the last "writes queued" line was logged.
     pub queued_logged: Mutex<Option<Instant>>,

@@ -10,6 +10,7 @@ pub mod cgroup_tree;
 pub mod discover;
 pub mod netdev;
 pub mod origin;
+pub mod scope;
 pub mod sock_diag;
 pub mod status;
 mod sys;

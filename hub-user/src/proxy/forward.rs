@@ -151,7 +151,18 @@ pub async fn forward_parts(
         .query()
         .is_some_and(|q| super::request::flag(q, "watch") || super::request::flag(q, "follow"));
     let body = if streaming {
-        super::coalesce::Coalesce::new(rbody.boxed()).boxed()
+        use super::clean_end::{CleanEnd, Framing};
+        let content_type = rparts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let framing = Framing::of(
+            content_type,
+            rparts.headers.contains_key(header::CONTENT_ENCODING),
+        );
+        let merged = super::coalesce::Coalesce::new(rbody.boxed()).boxed();
+        CleanEnd::new(merged, framing, Cloud::gone(server.clone())).boxed()
     } else {
         rbody.boxed()
     };

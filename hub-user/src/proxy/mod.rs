@@ -3,11 +3,13 @@
 //! right identity and streams the answer back, or answers from the pool coordinator or the
 //! local cache; what none can answer truthfully gets a clear 503 Status.
 mod backends;
-pub mod coalesce;
+mod clean_end;
+mod coalesce;
 pub mod forward;
 pub mod peer;
 pub mod request;
 pub mod serving;
+pub mod warnings;
 
 use std::{
     net::SocketAddr,
@@ -353,7 +355,11 @@ impl Proxy {
         {
             let queued =
                 self.write_or_queue(cache, req, &info, component, &component_name, started);
-            return Box::pin(queued).await;
+            let mut resp = Box::pin(queued).await;
+            let node = || cache::credential(None, true);
+            let warnings = &self.state.metrics.warnings;
+            warnings.limit(resp.headers_mut(), node, &component_name);
+            return resp;
         }
         // Kept for the cache: the request itself goes to the cloud. The credential (a
         // SHA-256 of the token) is worked out only if the cache needs it.
@@ -392,8 +398,14 @@ impl Proxy {
             inputs: self.route_inputs(&info),
             request: std::sync::Mutex::new(Some(req)),
         };
-        let (route, resp) = self.answer(&asked, &delivery).await;
+        let (route, mut resp) = self.answer(&asked, &delivery).await;
         self.record(route, &info, component, resp.status(), started);
+        let warnings = &self.state.metrics.warnings;
+        warnings.limit(
+            resp.headers_mut(),
+            || credential.to_string(),
+            &component_name,
+        );
         resp
     }
 
@@ -528,8 +540,15 @@ impl Proxy {
             }
         };
         // Queued writes go first: a write the queue takes waits behind them even once the
-        // cloud is back (token requests and registrations are never queued).
-        let behind_replay = cache.replay_pending() && offline::queued_when_offline(info);
+        // cloud is back (token requests and registrations are never queued) — but a new
+        // lease renewal or node status goes straight to the cloud, and once the cloud
+        // took it the queued ones of its object are pointless: dropped, so the client's
+        // own write never races a replay of an older one.
+        let mut behind_replay = cache.replay_pending() && offline::queued_when_offline(info);
+        let supersedes = behind_replay && offline::supersedable(info) && self.cloud.healthy();
+        if supersedes {
+            behind_replay = false;
+        }
         if self.cloud.healthy() && !behind_replay {
             match forward::forward_parts(&self.cloud, &parts, body.clone(), AsWho::Node).await {
                 Ok(f) if cache::tokens::is_token_request(info) => {
@@ -537,8 +556,20 @@ impl Proxy {
                     return keep_token(cache, info, &parts, &body, f.response).await;
                 }
                 Ok(f) => {
+                    if supersedes && f.response.status().is_success() {
+                        let c = cache.clone();
+                        let method = parts.method.to_string();
+                        let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+                        let path_and_query = path_and_query.to_string();
+                        let _ = tokio::task::spawn_blocking(move || {
+                            c.supersede_queued(&method, &path_and_query)
+                        })
+                        .await;
+                    }
                     self.record(Route::Cloud, info, component, f.response.status(), started);
-                    return f.response;
+                    let (path, query) = (parts.uri.path(), parts.uri.query().unwrap_or(""));
+                    let node = || cache::credential(None, true);
+                    return cache.tee(f.response, info, path, query, node, component_name);
                 }
                 Err(e) => tracing::info!(
                     verb = info.verb,
@@ -572,7 +603,16 @@ impl Proxy {
             && let Ok(f) = forward::forward_parts(&self.cloud, &parts, body, AsWho::Node).await
         {
             self.record(Route::Cloud, info, component, f.response.status(), started);
-            return f.response;
+            let query = parts.uri.query().unwrap_or("");
+            let node = || cache::credential(None, true);
+            return cache.tee(
+                f.response,
+                info,
+                parts.uri.path(),
+                query,
+                node,
+                component_name,
+            );
         }
         self.record(Route::LocalCache, info, component, resp.status(), started);
         resp

@@ -10,23 +10,27 @@ use std::{
 
 use crate::intercept::{cgroup_tree::cgroup_tree, sock_diag};
 
-/// Where the pods' cgroups are: the configured root, or kubelet's defaults under the
-/// cgroup mount — `kubepods.slice` (systemd driver) and `kubepods` (cgroupfs driver).
+/// Where the pods' cgroups are: the configured root, or kubelet's pod cgroup found at,
+/// below or above the programs' cgroup (`intercept::scope::pod_roots`).
 #[derive(Debug, Clone)]
 pub struct PodCgroups {
     roots: Vec<PathBuf>,
 }
 
 impl PodCgroups {
-    pub fn new(configured: Option<&Path>, cgroup_mount: &Path) -> PodCgroups {
-        let roots = match configured {
-            Some(root) => vec![root.to_path_buf()],
-            None => vec![
-                cgroup_mount.join("kubepods.slice"),
-                cgroup_mount.join("kubepods"),
-            ],
-        };
-        PodCgroups { roots }
+    pub fn new(configured: Option<&Path>, cgroup_path: &Path) -> PodCgroups {
+        PodCgroups {
+            roots: crate::intercept::scope::pod_roots(configured, cgroup_path),
+        }
+    }
+
+    /// The pod cgroups that exist now (for the start-up log).
+    pub fn present(&self) -> Vec<&Path> {
+        self.roots
+            .iter()
+            .filter(|r| r.is_dir())
+            .map(PathBuf::as_path)
+            .collect()
     }
 
     /// Whether the cgroup with this id (cgroup v2: its directory's inode) is a pod's:

@@ -266,6 +266,18 @@ impl Cloud {
         }
     }
 
+    /// Resolves once `server` has been judged down and nothing has come from it for a
+    /// moment: a stream from it should then take the cloud as gone.
+    pub async fn gone(server: Arc<Server>) {
+        loop {
+            server.health.unhealthy().await;
+            if !server.health.heard_within(IN_FLIGHT_PATIENCE) {
+                return;
+            }
+            tokio::time::sleep(PROBE_INTERVAL).await;
+        }
+    }
+
     pub async fn send(
         &self,
         who: AsWho,
@@ -359,8 +371,13 @@ impl Cloud {
         })
     }
 
-    /// Probes every server until `stop` turns true.
-    pub async fn probe_forever(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    /// Probes every server until `stop` turns true; `offline` says in the log what the
+    /// node does while the cloud is unreachable.
+    pub async fn probe_forever(
+        self: Arc<Self>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+        offline: &'static str,
+    ) {
         let mut tick = tokio::time::interval(PROBE_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // (reachable, since when), for the operator's log line at each change.
@@ -371,7 +388,7 @@ impl Cloud {
                 _ = stop.wait_for(|s| *s) => return,
             }
             if self.health_known() {
-                seen = Some(self.log_transition(seen));
+                seen = Some(self.log_transition(seen, offline));
             }
             // Over the connections requests use, so a connection that died is noticed.
             let transports = self.current();
@@ -482,6 +499,7 @@ impl Cloud {
     fn log_transition(
         &self,
         seen: Option<(bool, std::time::Instant)>,
+        offline: &str,
     ) -> (bool, std::time::Instant) {
         let now = self.healthy();
         match seen {
@@ -502,10 +520,7 @@ impl Cloud {
                         format!("{}:{}: {}", u.host, u.port, s.health.last_error())
                     })
                     .collect();
-                tracing::info!(
-                    "cloud unreachable ({}): reads are served by the pool and the local cache, node writes are queued",
-                    why.join("; ")
-                );
+                tracing::info!("cloud unreachable ({}): {offline}", why.join("; "));
                 (now, std::time::Instant::now())
             }
             _ => (now, std::time::Instant::now()),
