@@ -40,3 +40,20 @@ pub fn source_chain(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+/// A body that yields the given pieces (and fails where a piece is an error), as a
+/// connection would deliver them: for tests of what wraps a body.
+#[cfg(test)]
+pub struct TestFrames(pub std::collections::VecDeque<Result<Bytes, BodyError>>);
+
+#[cfg(test)]
+impl hyper::body::Body for TestFrames {
+    type Data = Bytes;
+    type Error = BodyError;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BodyError>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(|f| f.map(hyper::body::Frame::data)))
+    }
+}

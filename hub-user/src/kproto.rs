@@ -183,38 +183,43 @@ pub fn object_identity(raw: &[u8]) -> Option<(&str, &str, &str)> {
     (walked && valid).then_some((name, namespace, rv))
 }
 
-/// Reads ObjectMeta from an object's raw bytes (the Unknown's `raw`, or a list item).
-pub fn object_meta(raw: &[u8]) -> Option<Meta> {
+/// An object's ObjectMeta fields (from its raw bytes: the Unknown's `raw`, or a list item).
+fn meta_fields(raw: &[u8]) -> Option<Vec<(u64, Value<'_>)>> {
     let object = fields(raw)?;
-    let meta = fields(bytes_of(&object, 1).unwrap_or_default())?;
-    let mut labels = Vec::new();
-    for (n, v) in &meta {
-        if let (11, Value::Bytes(entry)) = (n, v) {
+    fields(bytes_of(&object, 1).unwrap_or_default())
+}
+
+/// The entries of a map<string, string> field of ObjectMeta (labels 11, annotations 12):
+/// each a message of key 1 and value 2.
+fn string_map(meta: &[(u64, Value<'_>)], field: u64) -> Option<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for (n, v) in meta {
+        if let (n, Value::Bytes(entry)) = (*n, v)
+            && n == field
+        {
             let e = fields(entry)?;
-            labels.push((text(&e, 1), text(&e, 2)));
+            out.push((text(&e, 1), text(&e, 2)));
         }
     }
+    Some(out)
+}
+
+/// Reads ObjectMeta from an object's raw bytes (the Unknown's `raw`, or a list item).
+pub fn object_meta(raw: &[u8]) -> Option<Meta> {
+    let meta = meta_fields(raw)?;
     Some(Meta {
         name: text(&meta, 1),
         namespace: text(&meta, 3),
         resource_version: text(&meta, 6),
-        labels,
+        labels: string_map(&meta, 11)?,
     })
 }
 
-/// An object's ObjectMeta.resourceVersion and annotations (field 12, map entries of key
-/// 1 and value 2), from its raw bytes: what a bookmark says.
+/// An object's ObjectMeta.resourceVersion and annotations, from its raw bytes: what a
+/// bookmark says.
 pub fn object_version_and_annotations(raw: &[u8]) -> Option<(String, Vec<(String, String)>)> {
-    let object = fields(raw)?;
-    let meta = fields(bytes_of(&object, 1).unwrap_or_default())?;
-    let mut annotations = Vec::new();
-    for (n, v) in &meta {
-        if let (12, Value::Bytes(entry)) = (n, v) {
-            let e = fields(entry)?;
-            annotations.push((text(&e, 1), text(&e, 2)));
-        }
-    }
-    Some((text(&meta, 6), annotations))
+    let meta = meta_fields(raw)?;
+    Some((text(&meta, 6), string_map(&meta, 12)?))
 }
 
 /// A list sliced into its items, each still in its original encoding.

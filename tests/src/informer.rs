@@ -57,18 +57,20 @@ struct Event {
     initial_events_end: bool,
 }
 
+/// Any Kubernetes object, as far as its metadata (field 1 of every kind).
 #[derive(Clone, PartialEq, prost::Message)]
-struct AnyObject {
+pub struct AnyObject {
     #[prost(message, optional, tag = "1")]
-    metadata: Option<ObjectMeta>,
+    pub metadata: Option<ObjectMeta>,
 }
 
+/// Any Kubernetes list: its ListMeta and its items' metadata.
 #[derive(Clone, PartialEq, prost::Message)]
-struct AnyList {
+pub struct AnyList {
     #[prost(message, optional, tag = "1")]
-    metadata: Option<ListMeta>,
+    pub metadata: Option<ListMeta>,
     #[prost(message, repeated, tag = "2")]
-    items: Vec<AnyObject>,
+    pub items: Vec<AnyObject>,
 }
 
 const PROTOBUF: &str = "application/vnd.kubernetes.protobuf,application/json";

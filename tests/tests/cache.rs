@@ -953,23 +953,9 @@ fn gzip_lists_and_protobuf_watches_reach_the_cache_and_come_back_offline() {
 /// Object names and the kind of a list answer, read by full decoders (prost messages with
 /// k8s-pb's ListMeta/ObjectMeta for protobuf, serde_json for JSON), whichever the answer is.
 fn list_answer(reply: &hub_tests::apiserver::client::Reply) -> (String, BTreeSet<String>) {
-    use k8s_pb::apimachinery::pkg::{
-        apis::meta::v1::{ListMeta, ObjectMeta},
-        runtime::Unknown,
-    };
+    use hub_tests::informer::AnyList;
+    use k8s_pb::apimachinery::pkg::runtime::Unknown;
     use prost::Message;
-    #[derive(Clone, PartialEq, prost::Message)]
-    struct AnyObject {
-        #[prost(message, optional, tag = "1")]
-        metadata: Option<ObjectMeta>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    struct AnyList {
-        #[prost(message, optional, tag = "1")]
-        metadata: Option<ListMeta>,
-        #[prost(message, repeated, tag = "2")]
-        items: Vec<AnyObject>,
-    }
     let body = match reply.header("content-encoding") {
         Some("gzip") => gunzip(&reply.body),
         _ => reply.body.clone(),

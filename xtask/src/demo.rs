@@ -73,6 +73,11 @@ fn check(ok: bool, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// `route` answered, and no other did.
+fn only(routes: &[String], route: &str) -> bool {
+    routes.iter().any(|r| r == route) && routes.iter().all(|r| r == route)
+}
+
 fn show(title: &str, text: &str) {
     println!("  $ {title}");
     for line in text.lines() {
@@ -169,6 +174,32 @@ impl Demo {
 
     fn hub(&self, i: usize) -> &HubProc {
         self.nodes[i].hub.as_ref().expect("hub running")
+    }
+
+    /// What `f` got, and the routes (cloud, coordinator, local-cache) whose requests grew
+    /// on hub `i` meanwhile: where its answers came from. (The answers' own Warning says
+    /// so only once a minute per client.)
+    fn via<T>(&self, i: usize, f: impl FnOnce() -> T) -> (T, Vec<String>) {
+        let counts = || -> std::collections::BTreeMap<String, u64> {
+            let status = self.hub(i).try_status().unwrap_or_default();
+            status["routes"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| (k.clone(), v["requests"].as_u64().unwrap_or(0)))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let before = counts();
+        let got = f();
+        let after = counts();
+        let grew = after
+            .into_iter()
+            .filter(|(k, n)| before.get(k).is_none_or(|b| n > b))
+            .map(|(k, _)| k)
+            .collect();
+        (got, grew)
     }
 
     fn role(&self, i: usize) -> String {
@@ -471,28 +502,32 @@ pub fn run(pause: bool) -> Result<()> {
     signal(demo.cloud.pid(), libc::SIGSTOP);
     let frozen = Instant::now();
     let columns = "custom-columns=NAME:.metadata.name,NODE:.spec.nodeName";
-    let pool_view = until(Duration::from_secs(10), || {
-        let (ok, out) = demo.node_kubectl(0, &["get", "pods", "-A", "-o", columns]);
-        (ok && out.contains("pod-0-0") && out.contains("pod-1-0")).then_some(out)
+    // The first answer with node-1's pods too comes from the coordinator (which then
+    // leaves a copy in node-0's cache).
+    let (pool_view, routes) = demo.via(0, || {
+        until(Duration::from_secs(10), || {
+            let (ok, out) = demo.node_kubectl(0, &["get", "pods", "-A", "-o", columns]);
+            (ok && out.contains("pod-0-0") && out.contains("pod-1-0")).then_some(out)
+        })
     });
     show(
         "kubectl get pods -A   # node-0's agent",
         pool_view.as_deref().unwrap_or("(no answer)"),
     );
     check(
-        pool_view
-            .as_ref()
-            .is_some_and(|o| o.contains("pool coordinator")),
+        pool_view.is_some() && routes.iter().any(|r| r == "coordinator"),
         &format!(
-            "node-0 sees the whole pool's pods, node-1's too, from the coordinator ({} ms after the freeze)",
+            "node-0 sees the whole pool's pods, node-1's too, from the coordinator ({} ms after the freeze; routes {routes:?})",
             frozen.elapsed().as_millis()
         ),
     )?;
-    let (ok, out) = demo.pod_kubectl(0, &["get", "pods,svc", "-o", "name"]);
+    let ((ok, out), routes) = demo.via(0, || {
+        demo.pod_kubectl(0, &["get", "pods,svc", "-o", "name"])
+    });
     show("kubectl get pods,svc -o name   # node-0's pod", &out);
     check(
-        ok && out.contains("local cache"),
-        "the pod's kubectl is answered from node-0's local cache",
+        ok && only(&routes, "local-cache"),
+        &format!("the pod's kubectl is answered from node-0's local cache (routes {routes:?})"),
     )?;
     let patch = r#"{"status":{"nodeInfo":{"kubeletVersion":"v1.32.0-offline"}}}"#;
     let (ok, out) = demo.node_kubectl(
@@ -538,23 +573,31 @@ pub fn run(pause: bool) -> Result<()> {
         "node-0's hub marks the coordinator unhealthy",
     )?;
     let mine = "spec.nodeName=node-0";
-    let (ok, out) = demo.node_kubectl(
-        0,
-        &["get", "pods", "-A", "--field-selector", mine, "-o", columns],
-    );
+    let ((ok, out), routes) = demo.via(0, || {
+        demo.node_kubectl(
+            0,
+            &["get", "pods", "-A", "--field-selector", mine, "-o", columns],
+        )
+    });
     show(
         "kubectl get pods -A --field-selector spec.nodeName=node-0   # node-0's kubelet",
         &out,
     );
     check(
-        ok && out.contains("pod-0-1") && out.contains("local cache"),
-        "node-0's kubelet still gets its own pods, from the node's local cache",
+        ok && out.contains("pod-0-1") && only(&routes, "local-cache"),
+        &format!(
+            "node-0's kubelet still gets its own pods, from the node's local cache (routes {routes:?})"
+        ),
     )?;
-    let (ok, out) = demo.node_kubectl(0, &["get", "pods", "-A", "-o", columns]);
+    let ((ok, out), routes) = demo.via(0, || {
+        demo.node_kubectl(0, &["get", "pods", "-A", "-o", columns])
+    });
     show("kubectl get pods -A   # node-0's agent", &out);
     check(
-        ok && out.contains("pod-1-0") && out.contains("local cache"),
-        "the pool view node-0 got from the coordinator was kept in its cache: still answered",
+        ok && out.contains("pod-1-0") && only(&routes, "local-cache"),
+        &format!(
+            "the pool view node-0 got from the coordinator was kept in its cache: still answered (routes {routes:?})"
+        ),
     )?;
     let (ok, out) = demo.node_kubectl(0, &["get", "configmaps", "-A", "-o", "name"]);
     show("kubectl get configmaps -A -o name   # node-0's agent", &out);
@@ -571,8 +614,8 @@ pub fn run(pause: bool) -> Result<()> {
     signal(demo.cloud.pid(), libc::SIGCONT);
     let back = Instant::now();
     let served = until(Duration::from_secs(15), || {
-        let (ok, out) = demo.pod_kubectl(0, &["get", "pods", "-o", "name"]);
-        (ok && !out.contains("local cache")).then_some(())
+        let ((ok, _), routes) = demo.via(0, || demo.pod_kubectl(0, &["get", "pods", "-o", "name"]));
+        (ok && only(&routes, "cloud")).then_some(())
     });
     check(
         served.is_some(),

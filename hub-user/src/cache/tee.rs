@@ -282,7 +282,7 @@ impl Body for Tee {
 
 #[cfg(test)]
 mod tests {
-    use std::{collections::VecDeque, sync::atomic::Ordering, time::Duration};
+    use std::{sync::atomic::Ordering, time::Duration};
 
     use http_body_util::BodyExt;
 
@@ -291,20 +291,6 @@ mod tests {
         store::{self, Store},
         writer::tests::{list, pod, pods_target, writer_on_temp_store},
     };
-
-    /// A body that yields these frames, then ends (or fails, when the last is an Err).
-    struct Frames(VecDeque<Result<Bytes, BodyError>>);
-
-    impl Body for Frames {
-        type Data = Bytes;
-        type Error = BodyError;
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-            Poll::Ready(self.0.pop_front().map(|f| f.map(Frame::data)))
-        }
-    }
 
     fn added(name: &str, rv: u64) -> Result<Bytes, BodyError> {
         let object = String::from_utf8(pod(name, rv).to_vec()).unwrap();
@@ -335,7 +321,7 @@ mod tests {
             selector: Default::default(),
             keeps_list_from: None,
         });
-        let body = Frames(frames.into()).boxed();
+        let body = crate::body::TestFrames(frames.into()).boxed();
         let tee = Tee::events(body, target, false, true, writer.clone());
         let collected = tokio::runtime::Builder::new_current_thread()
             .build()

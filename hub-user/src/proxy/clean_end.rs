@@ -169,31 +169,20 @@ impl Body for CleanEnd {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-
     use http_body_util::BodyExt;
 
     use super::*;
-
-    struct Frames(VecDeque<Result<Bytes, BodyError>>);
-
-    impl Body for Frames {
-        type Data = Bytes;
-        type Error = BodyError;
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-            Poll::Ready(self.0.pop_front().map(|f| f.map(Frame::data)))
-        }
-    }
 
     fn run(framing: Framing, pieces: Vec<Result<&'static [u8], &'static str>>) -> Vec<u8> {
         let frames = pieces
             .into_iter()
             .map(|p| p.map(Bytes::from_static).map_err(BodyError::new))
             .collect();
-        let body = CleanEnd::new(Frames(frames).boxed(), framing, std::future::pending());
+        let body = CleanEnd::new(
+            crate::body::TestFrames(frames).boxed(),
+            framing,
+            std::future::pending(),
+        );
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
