@@ -339,6 +339,20 @@ fn queued_renewals_and_node_status_never_race_the_kubelet() {
     assert!(reasons.contains(&"Offline3"), "{reasons:?}");
     let in_cloud = admin.get(&lease_path).json();
     assert_eq!(in_cloud["spec"]["renewTime"], "2026-12-04T10:05:00.000000Z");
+    // The replayed status's answer replaced the offline copy: offline again, the node
+    // reads its node as the cloud now holds it.
+    wait_for(
+        "the replay's answer stored",
+        Duration::from_secs(20),
+        || (hub.status()["cache"]["pending"] == 0).then_some(()),
+    );
+    s.cloud_down(&hub);
+    let (code, cached) = kubelet_call(&kubelet, "GET", &format!("/api/v1/nodes/{NODE}"), None);
+    assert_eq!(code, 200, "{cached}");
+    assert_eq!(
+        cached["metadata"]["resourceVersion"], node["metadata"]["resourceVersion"],
+        "the cloud's answer to the replay, not the offline copy"
+    );
     // The log says what is true: no pool here, plain text in a file.
     let log = hub.log();
     assert!(
