@@ -253,9 +253,24 @@ fn queued_renewals_and_node_status_never_race_the_kubelet() {
     );
     assert_eq!(code, 201, "{created}");
     lease = created;
-    // kubelet reads its node before it patches its status.
-    let (code, _) = kubelet_call(&kubelet, "GET", &format!("/api/v1/nodes/{NODE}"), None);
-    assert_eq!(code, 200);
+    // kubelet reads its node (in protobuf) before it patches its status: offline its
+    // patches are answered from that copy as it is, so each one is against the same node
+    // and the newest carries everything.
+    let read = kubelet
+        .request(
+            "GET",
+            &format!("/api/v1/nodes/{NODE}"),
+            &[
+                ("User-Agent", KUBELET),
+                (
+                    "Accept",
+                    "application/vnd.kubernetes.protobuf,application/json",
+                ),
+            ],
+            &[],
+        )
+        .unwrap();
+    assert_eq!(read.status, 200);
     wait_for("the node stored", Duration::from_secs(20), || {
         (hub.status()["cache"]["pending"] == 0).then_some(())
     });

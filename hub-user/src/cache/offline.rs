@@ -64,9 +64,10 @@ pub fn replayable(info: &RequestInfo) -> bool {
 }
 
 /// A write that a newer one of the same object makes pointless: a lease renewal, the
-/// node's status (kubelet patches it against the node it last read, so the newest patch
-/// carries everything the earlier ones did). Only the newest queued one is sent, and none
-/// once the client writes again itself after the cloud's return.
+/// node's status (kubelet patches it against the node it last read; while that copy is
+/// unchanged, the newest patch carries everything the earlier ones did). Only the newest
+/// queued one is sent, and none once the client writes again itself after the cloud's
+/// return (its patch is then against the cloud's own state).
 pub fn supersedable(info: &RequestInfo) -> bool {
     let named = !info.name.is_empty();
     match (
@@ -326,7 +327,11 @@ impl Cache {
                     item.clone(),
                 )
             });
-            if supersedable(&info) {
+            // A patch the node's copy took in (a JSON copy) changed the base the client
+            // patches against next: a later patch then no longer carries this one's
+            // changes, so both are kept. Patches of a copy left as it is, and whole
+            // updates, carry everything: only the newest is needed.
+            if supersedable(&info) && (info.verb != "patch" || !store_it) {
                 me.supersede_queued(&queued.method, &queued.path_and_query);
             }
             let raw = serde_json::to_vec(&queued).unwrap_or_default();
