@@ -6,6 +6,7 @@ mod bench_doc;
 mod bench_pool;
 mod bench_proxy;
 mod demo;
+mod image;
 mod soak;
 
 use std::{
@@ -23,6 +24,10 @@ commands:
                privileged test was skipped), the fuzz round, the demo and a 3-minute
                soak; --no-lint skips the lint step
   lint         cargo fmt --check and cargo clippy -D warnings on the whole workspace
+  image        the hub's container image, built here with no container engine: the
+               release binary and the libraries it loads on no base image, reproducible;
+               an OCI layout (target/image/oci) and an archive for docker load and
+               ctr images import (target/image/hub.tar); --tag NAME:TAG
   demo         the system end to end on this machine, in throwaway namespaces (root);
                --step pauses between steps
   bench WHAT   release-build benchmarks as ratios against direct, same run
@@ -44,6 +49,7 @@ fn main() {
         Some("test") => test(args.iter().any(|a| a == "--no-lint")),
         Some("lint") => lint(),
         Some("bench") => bench_cmd(&args[1..]),
+        Some("image") => image::run(&args[1..]),
         Some("bench-doc") => bench_doc::bench_doc(&root(), args.iter().any(|a| a == "--check")),
         Some("soak") => build_bins().and_then(|()| soak::run(&args[1..])),
         Some("fuzz") => build_bins().and_then(|()| fuzz(&args[1..])),
