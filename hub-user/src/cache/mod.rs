@@ -153,12 +153,18 @@ fn is_discovery(path: &str) -> bool {
 /// identity made it: what the node wrote (its Node, Lease, CSINode, pods' status, ...) it
 /// can read back offline, though it never read it from the cloud. Events are left out
 /// (nothing on the node reads them back, and they would pile up), and so are token
-/// requests (their answer is no object of the path; `tokens` keeps them).
+/// requests (their answer is no object of the path; `tokens` keeps them) and reviews
+/// (TokenReview, SubjectAccessReview, SelfSubjectReview…: answers kube-apiserver never
+/// stores, nameless; kubelet sends them as the node to authorize calls to its own API).
 pub fn keeps_written(info: &RequestInfo) -> bool {
     matches!(info.verb, "create" | "update" | "patch")
         && info.is_resource
         && matches!(info.subresource.as_str(), "" | "status")
         && !(info.resource == "events" && matches!(info.group.as_str(), "" | "events.k8s.io"))
+        && !matches!(
+            info.group.as_str(),
+            "authentication.k8s.io" | "authorization.k8s.io"
+        )
 }
 
 /// A watch that lists by streaming (`sendInitialEvents=true`, client-go's WatchListClient):
@@ -262,6 +268,7 @@ impl Cache {
         component: &str,
     ) -> Response<ProxyBody> {
         let written = keeps_written(info);
+        let streamed = info.verb == "watch" && streamed_list(query);
         let kept =
             resp.status() == StatusCode::OK || (written && resp.status() == StatusCode::CREATED);
         if !kept {
@@ -319,7 +326,7 @@ impl Cache {
                     let from = serve::param(query, "resourceVersion")
                         .parse::<u64>()
                         .ok()
-                        .filter(|rv| *rv > 0 && !streamed_list(query));
+                        .filter(|rv| *rv > 0 && !streamed);
                     TargetKind::Watch {
                         // Unparsable selectors are the cloud's to refuse; assume the worst.
                         selection_may_change: select::Selector::parse(&selector.0, &selector.1)
@@ -341,7 +348,6 @@ impl Cache {
             kind,
         };
         let writer = self.writer.clone();
-        let streamed = streamed_list(query);
         resp.map(move |body| {
             match target.kind {
                 TargetKind::Watch { .. } => tee::Tee::events(body, target, gzip, streamed, writer),

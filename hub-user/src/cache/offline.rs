@@ -666,11 +666,15 @@ pub async fn replay_forever(cache: Arc<Cache>, cloud: Arc<Cloud>, mut stop: watc
                             _ => {}
                         }
                     }
-                    if let Replay::Dropped(why) = &r {
-                        cache.stats.error(format!(
+                    match &r {
+                        Replay::Dropped(why) => cache.stats.error(format!(
                             "offline write {} {} dropped: {why}",
                             q.method, q.path_and_query
-                        ));
+                        )),
+                        Replay::Done(content_type, answer) => {
+                            cache.keep_replay_answer(&q, content_type, answer.clone())
+                        }
+                        _ => {}
                     }
                     r
                 }
@@ -678,11 +682,8 @@ pub async fn replay_forever(cache: Arc<Cache>, cloud: Arc<Cloud>, mut stop: watc
             };
             match outcome {
                 Replay::Later | Replay::Refused(_) => break,
-                Replay::Done(content_type, answer) => {
+                Replay::Done(..) => {
                     replayed += 1;
-                    if let Ok(q) = serde_json::from_slice::<Queued>(&raw) {
-                        cache.keep_replay_answer(&q, &content_type, answer);
-                    }
                     cache.stats.replayed.fetch_add(1, Relaxed)
                 }
                 Replay::Dropped(_) => {

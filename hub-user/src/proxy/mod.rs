@@ -3,7 +3,7 @@
 //! right identity and streams the answer back, or answers from the pool coordinator or the
 //! local cache; what none can answer truthfully gets a clear 503 Status.
 mod backends;
-mod clean_end;
+pub mod clean_end;
 mod coalesce;
 pub mod forward;
 pub mod peer;
