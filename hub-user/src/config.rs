@@ -241,7 +241,7 @@ fn default_cache_dir() -> PathBuf {
 fn default_cache_components() -> Vec<String> {
     crate::cache::DEFAULT_COMPONENTS.map(String::from).to_vec()
 }
-/// What deploy/coordinator-etcd.yaml sets: with it a node's pod list fits one Txn (etcd's
+/// What deploy/base/coordinator-etcd.yaml sets: with it a node's pod list fits one Txn (etcd's
 /// own defaults, 128 and 1.5 MiB, take it in several).
 fn default_max_txn_ops() -> usize {
     20_000

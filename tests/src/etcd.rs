@@ -39,7 +39,7 @@ pub struct EtcdCluster {
     /// Client TLS: https client URLs that require a certificate signed by the CA.
     tls: Option<TlsFiles>,
     /// Started as etcd starts without flags (--max-txn-ops 128, --max-request-bytes
-    /// 1.5 MiB) instead of with the limits deploy/coordinator-etcd.yaml sets.
+    /// 1.5 MiB) instead of with the limits deploy/base/coordinator-etcd.yaml sets.
     default_limits: bool,
     _dir: TempDir,
     _keep: Vec<TempDir>,
@@ -171,7 +171,7 @@ impl EtcdCluster {
             .arg(format!("--initial-cluster-token={}", self.token))
             .arg(format!("--initial-cluster-state={state}"));
         if !self.default_limits {
-            // The limits deploy/coordinator-etcd.yaml sets (coordinator.maxTxnOps/maxRequestBytes).
+            // The limits deploy/base/coordinator-etcd.yaml sets (coordinator.maxTxnOps/maxRequestBytes).
             cmd.arg(format!("--max-txn-ops={MAX_TXN_OPS}"))
                 .arg(format!("--max-request-bytes={MAX_REQUEST_BYTES}"));
         }

@@ -9,6 +9,7 @@ pub mod h2;
 pub mod hub;
 pub mod informer;
 pub mod kubelet_trace;
+pub mod manifests;
 pub mod netns;
 pub mod pool_net;
 pub mod ports;

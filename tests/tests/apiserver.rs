@@ -739,7 +739,7 @@ fn authentication_and_authorisation() {
 }
 
 /// `system:node:<n>` gets what kube-apiserver's Node authorizer (and NodeRestriction)
-/// gives a kubelet, plus the pool-scope reads deploy/hub.yaml grants — not "anything".
+/// gives a kubelet, plus the pool-scope reads deploy/base/hub.yaml grants — not "anything".
 #[test]
 fn a_node_reads_only_its_own_pods_and_what_they_reference() {
     let s = standin(Options::default());

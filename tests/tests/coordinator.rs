@@ -727,7 +727,7 @@ fn a_default_limits_etcd_takes_big_sets_in_chunks_and_an_interrupted_replace_is_
     let etcd = EtcdCluster::start_default_limits(1);
     let dir = TempDir::new("co");
     let rt = runtime();
-    // The hub's configured hints are deploy/coordinator-etcd.yaml's, far above etcd's.
+    // The hub's configured hints are deploy/base/coordinator-etcd.yaml's, far above etcd's.
     let s = rt.block_on(open(&etcd, dir.path(), LIMITS));
     let set = |range: std::ops::Range<usize>, rv: u64| -> Vec<Object> {
         range

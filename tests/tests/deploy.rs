@@ -1,49 +1,43 @@
-//! Issue 9 (deploy/): the manifests are accepted by an apiserver (a server-side dry run
-//! against the stand-in) and the ConfigMap's hub config passes `hub run --check`.
-use std::{path::PathBuf, process::Command};
-
-use serde::Deserialize;
+//! deploy/: the kustomize base and every overlay render (`kubectl kustomize`), every
+//! rendered document is accepted by an apiserver (a server-side dry run against the
+//! stand-in), and each one's hub configuration passes `hub run --check`.
+use std::process::Command;
 
 use hub_tests::{
     TempDir,
     apiserver::{Options, StandIn},
     hub_bin,
+    manifests::{find, hub_config, kustomizations, render},
 };
 
-fn deploy(file: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy")
-        .join(file)
-}
-
 #[test]
-fn configmap_config_passes_hub_validation() {
-    let config = documents("hub.yaml")
-        .into_iter()
-        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "hub-config")
-        .expect("the hub-config ConfigMap");
-    let hub_yaml = config["data"]["hub.yaml"].as_str().expect("data.hub.yaml");
-    let dir = TempDir::new("dep");
-    let path = dir.path().join("hub.yaml");
-    std::fs::write(&path, hub_yaml).unwrap();
-    let out = Command::new(hub_bin())
-        .args(["run", "--check", "--node-name", "edge-1", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("config ok"));
+fn every_kustomization_s_configuration_passes_hub_validation() {
+    for dir in kustomizations() {
+        let docs = render(&dir);
+        let tmp = TempDir::new("dep");
+        let path = tmp.path().join("hub.yaml");
+        std::fs::write(&path, hub_config(&docs)).unwrap();
+        let out = Command::new(hub_bin())
+            .args(["run", "--check", "--node-name", "edge-1", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).starts_with("config ok"),
+            "{}",
+            dir.display()
+        );
+    }
 }
 
-fn documents(file: &str) -> Vec<serde_yaml::Value> {
-    let text = std::fs::read_to_string(deploy(file)).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
-        .collect()
+fn base() -> Vec<serde_yaml::Value> {
+    render(&hub_tests::manifests::deploy_dir("base"))
 }
 
 /// The pool leader lists and watches the pool-scope resources with its node's identity:
@@ -51,22 +45,16 @@ fn documents(file: &str) -> Vec<serde_yaml::Value> {
 /// the ConfigMap (the default system:node role does not cover endpointslices).
 #[test]
 fn nodes_may_list_and_watch_every_pool_scope_resource() {
-    let docs = documents("hub.yaml");
-    let find = |kind: &str, name: &str| {
-        docs.iter()
-            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
-            .unwrap_or_else(|| panic!("{kind} {name} in deploy/hub.yaml"))
-    };
-    let binding = find("ClusterRoleBinding", "hub:pool-leader");
+    let docs = base();
+    let binding = find(&docs, "ClusterRoleBinding", "hub:pool-leader");
     assert_eq!(binding["subjects"][0]["kind"], "Group");
     assert_eq!(binding["subjects"][0]["name"], "system:nodes");
-    let role = find("ClusterRole", binding["roleRef"]["name"].as_str().unwrap());
-    let hub_yaml: serde_yaml::Value = serde_yaml::from_str(
-        find("ConfigMap", "hub-config")["data"]["hub.yaml"]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
+    let role = find(
+        &docs,
+        "ClusterRole",
+        binding["roleRef"]["name"].as_str().unwrap(),
+    );
+    let hub_yaml: serde_yaml::Value = serde_yaml::from_str(&hub_config(&docs)).unwrap();
     let scope = hub_yaml["coordinator"]["poolScopeResources"]
         .as_sequence()
         .expect("poolScopeResources");
@@ -91,7 +79,7 @@ fn nodes_may_list_and_watch_every_pool_scope_resource() {
         });
         assert!(allowed, "nodes cannot list/watch {gvr}: {role:?}");
     }
-    let account = find("ServiceAccount", "hub");
+    let account = find(&docs, "ServiceAccount", "hub");
     assert_eq!(account["automountServiceAccountToken"], false);
 }
 
@@ -101,11 +89,8 @@ fn nodes_may_list_and_watch_every_pool_scope_resource() {
 /// arguments are ones `hub install` accepts: run for real against a temporary directory.
 #[test]
 fn the_init_container_installs_the_host_copy_where_the_host_finds_it() {
-    let docs = documents("hub.yaml");
-    let ds = docs
-        .iter()
-        .find(|d| d["kind"] == "DaemonSet")
-        .expect("the DaemonSet");
+    let docs = base();
+    let ds = find(&docs, "DaemonSet", "hub");
     let spec = &ds["spec"]["template"]["spec"];
     let init = &spec["initContainers"][0];
     let args: Vec<&str> = init["args"]
@@ -131,14 +116,7 @@ fn the_init_container_installs_the_host_copy_where_the_host_finds_it() {
         mounted_from_host(arg("--unit-dir")).as_deref(),
         Some("/etc/systemd/system")
     );
-    let hub_yaml: serde_yaml::Value = serde_yaml::from_str(
-        docs.iter()
-            .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "hub-config")
-            .unwrap()["data"]["hub.yaml"]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
+    let hub_yaml: serde_yaml::Value = serde_yaml::from_str(&hub_config(&docs)).unwrap();
     let state = hub_yaml["cache"]["dir"].as_str().unwrap();
     assert_eq!(mounted_from_host(state).as_deref(), Some(state));
 
@@ -168,43 +146,50 @@ fn the_init_container_installs_the_host_copy_where_the_host_finds_it() {
     assert!(dir.path().join("state/bin/hub").exists());
 }
 
+/// Every kustomization, rendered, goes through a server-side dry run: each document is
+/// accepted and none is stored.
 #[test]
-fn manifests_pass_a_server_side_dry_run() {
+fn every_kustomization_passes_a_server_side_dry_run() {
     let s = StandIn::start("127.0.0.1:0".parse().unwrap(), Options::default()).unwrap();
     let dir = TempDir::new("dep");
     let kc = dir.path().join("kubeconfig");
     s.write_kubeconfig(&kc, None).unwrap();
-    let out = Command::new("kubectl")
-        .args(["apply", "--dry-run=server", "-f"])
-        .arg(deploy("hub.yaml"))
-        .arg("-f")
-        .arg(deploy("coordinator-etcd.yaml"))
-        .arg("-f")
-        .arg(deploy("approver.yaml"))
-        .env("KUBECONFIG", &kc)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for what in [
-        "daemonset.apps/hub",
-        "statefulset.apps/hub-coordinator",
-        "clusterrole.rbac.authorization.k8s.io/hub:pool-leader",
-        "clusterrolebinding.rbac.authorization.k8s.io/hub:pool-leader",
-        "configmap/hub-config",
-        "deployment.apps/hub-approver",
-        "clusterrole.rbac.authorization.k8s.io/hub:approver",
-    ] {
-        assert!(stdout.contains(what), "{what} missing from:\n{stdout}");
+    for kustomization in kustomizations() {
+        let out = Command::new("kubectl")
+            .args(["apply", "--dry-run=server", "-k"])
+            .arg(&kustomization)
+            .env("KUBECONFIG", &kc)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}: {stdout}{}",
+            kustomization.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let docs = render(&kustomization);
+        for doc in &docs {
+            let kind = doc["kind"].as_str().unwrap().to_lowercase();
+            let name = doc["metadata"]["name"].as_str().unwrap();
+            assert!(
+                stdout.lines().any(|l| l.starts_with(&kind)
+                    && l.contains(&format!("/{name} "))
+                    && l.ends_with("(server dry run)")),
+                "{}: {kind} {name} missing from:\n{stdout}",
+                kustomization.display()
+            );
+        }
+        assert!(
+            docs.len() >= 11,
+            "{}: {} documents",
+            kustomization.display(),
+            docs.len()
+        );
     }
-    assert!(stdout.contains("(server dry run)"));
     // A dry run stores nothing.
     let after = Command::new("kubectl")
-        .args(["get", "daemonsets", "-A", "-o", "name"])
+        .args(["get", "daemonsets,configmaps", "-A", "-o", "name"])
         .env("KUBECONFIG", &kc)
         .output()
         .unwrap();

@@ -860,7 +860,7 @@ fn serving_certificate_by_csr_and_offline_restart() {
 }
 
 /// The files `hub approver` reaches the stand-in with: its CA and the token of a service
-/// account with the RBAC deploy/approver.yaml grants.
+/// account with the RBAC deploy/base/approver.yaml grants.
 struct ApproverFiles {
     ca: std::path::PathBuf,
     token: std::path::PathBuf,

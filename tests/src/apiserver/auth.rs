@@ -61,7 +61,7 @@ impl Auth {
     /// The identities test clusters use: token `pod-token` for the service account
     /// `default:app` (read pods, logs, configmaps, services, endpoints, endpointslices in
     /// `default`; write configmaps and exec there), and for the group `system:nodes` what
-    /// deploy/hub.yaml grants on top of the Node authorizer (see `node_authz`).
+    /// deploy/base/hub.yaml grants on top of the Node authorizer (see `node_authz`).
     pub fn add_test_identities(&mut self) {
         let app = "system:serviceaccount:default:app";
         self.add_token("pod-token", app, &["system:serviceaccounts"]);
@@ -85,7 +85,7 @@ impl Auth {
             &["configmaps", "pods/exec"],
             &["default"],
         ));
-        // deploy/hub.yaml's hub:pool-leader: the pool-scope reads beyond the Node authorizer.
+        // deploy/base/hub.yaml's hub:pool-leader: the pool-scope reads beyond the Node authorizer.
         self.allow(Rule::new(
             "system:nodes",
             &["get", "list", "watch"],
