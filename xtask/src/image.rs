@@ -1,7 +1,10 @@
 //! `cargo xtask image`: the hub's container image, built here with no container engine.
-//! One layer holds the release binary at /usr/local/bin/hub and exactly the shared
-//! libraries it loads (glibc's, as `ldd` names them, copied from this Debian 12 host —
-//! the distribution `deploy/Dockerfile` builds on), on no base image. Every byte is fixed
+//! One layer holds one file: the release binary at /usr/local/bin/hub, linked statically
+//! (glibc, static-pie), on no base image. Static because the DaemonSet's init container
+//! copies this same binary onto the host for boots with no cloud (`hub install`): it must
+//! run there whatever glibc the host has, and it needs no library in the image either.
+//! glibc's resolver reads /etc/hosts and /etc/resolv.conf itself (files and dns are built
+//! into glibc since 2.34), which is all the hub asks of name lookup. Every byte is fixed
 //! by the inputs — sorted entries, zero times and owners, no timestamps in the config,
 //! paths remapped out of the binary, the committed eBPF object — so the same commit gives
 //! the same digest. Written as an OCI image layout (`target/image/oci/`) and as one
@@ -16,24 +19,35 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 
+/// The image name deploy/base's manifests use: an image imported on a node under this
+/// name (`ctr -n k8s.io images import`) is the one the DaemonSet runs, with no registry.
+const DEFAULT_NAME: &str = "registry.local/hub";
+
 /// The image's one file tree: (path inside the image, bytes, mode).
 type Files = Vec<(String, Vec<u8>, u32)>;
 
 pub fn run(args: &[String]) -> Result<()> {
-    let tag = args
-        .windows(2)
-        .find(|w| w[0] == "--tag")
-        .map(|w| w[1].clone())
-        .unwrap_or_else(|| format!("hub:{}", env!("CARGO_PKG_VERSION")));
+    let flag = |name: &str| args.windows(2).find(|w| w[0] == name).map(|w| w[1].clone());
+    let tag = flag("--tag").unwrap_or_else(default_tag);
+    let out = flag("--out").map_or_else(|| super::root().join("target/image"), PathBuf::from);
+    build(&tag, &out).map(|_| ())
+}
+
+/// `registry.local/hub:<version>`.
+pub fn default_tag() -> String {
+    format!("{DEFAULT_NAME}:{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// Builds the image named `tag` into `out` (`oci/` and `hub.tar`); the archive's path.
+pub fn build(tag: &str, out: &Path) -> Result<PathBuf> {
     let root = super::root();
     let bin = build_binary(&root)?;
     let files = runtime_files(&bin)?;
-    let out = root.join("target/image");
-    let image = Image::assemble(&files, &tag)?;
-    image.write(&out)?;
+    let image = Image::assemble(&files, tag)?;
+    image.write(out)?;
     let size: usize = image.blobs.iter().map(|(_, b)| b.len()).sum();
     println!(
-        "image {tag}\n  manifest {}\n  {} files, {:.1} MB compressed ({:.1} MB unpacked)\n  {}\n  {}",
+        "image {tag}\n  manifest {}\n  {} file(s), {:.1} MB compressed ({:.1} MB unpacked)\n  {}\n  {}",
         image.manifest_digest,
         files.len(),
         size as f64 / 1e6,
@@ -41,11 +55,15 @@ pub fn run(args: &[String]) -> Result<()> {
         out.join("oci").display(),
         out.join("hub.tar").display()
     );
-    Ok(())
+    Ok(out.join("hub.tar"))
 }
 
-/// The release binary, built with the committed eBPF object and this checkout's paths
-/// remapped out of it (its own target directory, so ordinary builds are not redone).
+/// The target the image's binary is built for; named explicitly so that `crt-static`
+/// applies to the binary only, not to build scripts and proc macros.
+const TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// The release binary, static, built with the committed eBPF object and this checkout's
+/// paths remapped out of it (its own target directory, so ordinary builds are not redone).
 fn build_binary(root: &Path) -> Result<PathBuf> {
     let target = root.join("target/image-build");
     let home = std::env::var("CARGO_HOME")
@@ -53,7 +71,7 @@ fn build_binary(root: &Path) -> Result<PathBuf> {
         .or_else(|_| std::env::var("HOME").map(|h| PathBuf::from(h).join(".cargo")))
         .unwrap_or_else(|_| PathBuf::from("/root/.cargo"));
     let flags = format!(
-        "--remap-path-prefix={}=/src --remap-path-prefix={}=/cargo",
+        "-C target-feature=+crt-static -C strip=debuginfo --remap-path-prefix={}=/src --remap-path-prefix={}=/cargo",
         root.display(),
         home.display()
     );
@@ -66,47 +84,34 @@ fn build_binary(root: &Path) -> Result<PathBuf> {
         "hub-user",
         "--bin",
         "hub",
+        "--target",
+        TARGET,
     ])
     .arg("--target-dir")
     .arg(&target)
     .env("HUB_EBPF_PREBUILT", "1")
     .env("RUSTFLAGS", flags);
     super::run(c, "release build of hub for the image")?;
-    Ok(target.join("release/hub"))
+    Ok(target.join(TARGET).join("release/hub"))
 }
 
-/// The binary and every shared object it loads, at the paths it loads them from.
+/// The image's files: the binary alone, once it is shown to load no shared object.
 fn runtime_files(bin: &Path) -> Result<Files> {
     let out = Command::new("ldd").arg(bin).output().context("ldd")?;
-    if !out.status.success() {
+    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    // ldd says "statically linked" of a static-pie and "not a dynamic executable" of a
+    // static non-PIE binary; anything else lists what it would load.
+    if !(said.contains("statically linked") || said.contains("not a dynamic executable")) {
         bail!(
-            "ldd {}: {}",
-            bin.display(),
-            String::from_utf8_lossy(&out.stderr)
+            "{} loads shared objects, so it would not run on no base image:\n{said}",
+            bin.display()
         );
     }
-    let mut files: Files = vec![(
+    Ok(vec![(
         "usr/local/bin/hub".into(),
         std::fs::read(bin).with_context(|| bin.display().to_string())?,
         0o755,
-    )];
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)", or the loader by path.
-        let path = match line.split_once("=>") {
-            Some((_, rest)) => rest.split_whitespace().next(),
-            None => line
-                .split_whitespace()
-                .next()
-                .filter(|p| p.starts_with('/')),
-        };
-        let Some(path) = path.filter(|p| p.starts_with('/')) else {
-            continue; // linux-vdso: in the kernel
-        };
-        let bytes = std::fs::read(path).with_context(|| path.to_string())?;
-        files.push((path.trim_start_matches('/').to_string(), bytes, 0o755));
-    }
-    files.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(files)
+    )])
 }
 
 /// A ustar archive of `files` and their directories: sorted, owned by root, time zero.
@@ -156,6 +161,16 @@ fn header(name: &str, size: usize, mode: u32, kind: u8) -> [u8; 512] {
     h
 }
 
+/// An image name as container runtimes spell it in full: one with no registry (no dot,
+/// colon or "localhost" in its first part) is Docker Hub's.
+fn full_name(name: &str) -> String {
+    match name.split_once('/') {
+        Some((first, _)) if first.contains(['.', ':']) || first == "localhost" => name.into(),
+        Some(_) => format!("docker.io/{name}"),
+        None => format!("docker.io/library/{name}"),
+    }
+}
+
 fn sha256(bytes: &[u8]) -> String {
     let d = ring::digest::digest(&ring::digest::SHA256, bytes);
     let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
@@ -182,6 +197,7 @@ impl Image {
             "architecture": "amd64",
             "os": "linux",
             "config": {
+                "Labels": {"org.opencontainers.image.version": tag.rsplit_once(':').map_or("latest", |(_, v)| v)},
                 "Entrypoint": ["/usr/local/bin/hub"],
                 "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"],
             },
@@ -198,7 +214,7 @@ impl Image {
         let (name, version) = tag.rsplit_once(':').unwrap_or((tag, "latest"));
         let mut m = descriptor("application/vnd.oci.image.manifest.v1+json", &manifest);
         m["annotations"] = json!({
-            "io.containerd.image.name": format!("docker.io/library/{name}:{version}"),
+            "io.containerd.image.name": format!("{}:{version}", full_name(name)),
             "org.opencontainers.image.ref.name": version,
         });
         let index = serde_json::to_vec(&json!({
@@ -243,6 +259,7 @@ impl Image {
     }
 
     fn write(&self, out: &Path) -> Result<()> {
+        std::fs::create_dir_all(out)?;
         let oci = out.join("oci");
         if oci.exists() {
             std::fs::remove_dir_all(&oci)?;
@@ -269,6 +286,14 @@ mod tests {
             ("lib/x/libc.so.6".into(), vec![7; 1000], 0o755),
             ("usr/local/bin/hub".into(), b"#!hub".to_vec(), 0o755),
         ]
+    }
+
+    #[test]
+    fn names_are_spelled_in_full_as_runtimes_do() {
+        assert_eq!(full_name("hub"), "docker.io/library/hub");
+        assert_eq!(full_name("me/hub"), "docker.io/me/hub");
+        assert_eq!(full_name("registry.local/hub"), "registry.local/hub");
+        assert_eq!(full_name("localhost:5000/hub"), "localhost:5000/hub");
     }
 
     /// The same inputs give the same bytes, and so the same digest.

@@ -25,9 +25,10 @@ commands:
                soak; --no-lint skips the lint step
   lint         cargo fmt --check and cargo clippy -D warnings on the whole workspace
   image        the hub's container image, built here with no container engine: the
-               release binary and the libraries it loads on no base image, reproducible;
-               an OCI layout (target/image/oci) and an archive for docker load and
-               ctr images import (target/image/hub.tar); --tag NAME:TAG
+               static release binary alone on no base image, reproducible; an OCI
+               layout (OUT/oci) and an archive for docker load and ctr images import
+               (OUT/hub.tar); --tag NAME:TAG (default registry.local/hub:VERSION),
+               --out OUT (default target/image)
   demo         the system end to end on this machine, in throwaway namespaces (root);
                --step pauses between steps
   bench WHAT   release-build benchmarks as ratios against direct, same run
@@ -206,13 +207,20 @@ fn test(no_lint: bool) -> Result<()> {
     );
     report_prebuilt_freshness();
 
+    // The image the container test runs, and a next version of it for its upgrade.
+    let tag = image::default_tag();
+    let image = image::build(&tag, &root().join("target/image"))?;
+    let next = image::build(&format!("{tag}-next"), &root().join("target/image-next"))?;
+
     let log = root().join("target/privileged-tests.log");
     let _ = std::fs::remove_file(&log);
     let mut tests = cargo();
     tests
         .args(["test", "--workspace", "--no-fail-fast"])
         .env("HUB_REQUIRE_PRIVILEGED", "1")
-        .env("HUB_PRIVILEGED_LOG", &log);
+        .env("HUB_PRIVILEGED_LOG", &log)
+        .env("HUB_IMAGE", &image)
+        .env("HUB_IMAGE_NEXT", &next);
     run(tests, "cargo test --workspace (privileged tests required)")?;
 
     let text = std::fs::read_to_string(&log).unwrap_or_default();
