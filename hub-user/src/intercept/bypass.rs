@@ -15,7 +15,7 @@ use std::{
     io,
     net::{IpAddr, SocketAddr},
     os::fd::AsRawFd,
-    path::Path,
+    path::{Path, PathBuf},
 };
 
 use super::{
@@ -70,53 +70,85 @@ fn end_here(found: &[Socket]) -> io::Result<usize> {
 }
 
 /// A network namespace's identity: the device and inode of its `ns/net` file.
-fn namespace_id(path: &Path) -> Option<(u64, u64)> {
+fn namespace_id(path: &Path) -> io::Result<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+    std::fs::metadata(path).map(|m| (m.dev(), m.ino()))
+}
+
+/// Why another process's network namespace could not be entered, said so that an
+/// operator can act: reading it takes ptrace access to that process.
+fn cannot_enter(path: &Path, e: &io::Error) -> io::Error {
+    let hint = if matches!(e.kind(), io::ErrorKind::PermissionDenied) {
+        " (entering another process's namespace needs CAP_SYS_PTRACE, and the host's PID namespace to see it)"
+    } else {
+        ""
+    };
+    io::Error::new(e.kind(), format!("{}: {e}{hint}", path.display()))
 }
 
 /// One `/proc/<pid>/ns/net` for each network namespace that a process in a cgroup at or
 /// under `root` lives in, other than the calling thread's own: a pod's sockets are only
-/// visible from inside its namespace.
-fn other_namespaces(root: &Path) -> Vec<std::path::PathBuf> {
-    let own = namespace_id(Path::new("/proc/thread-self/ns/net"));
+/// visible from inside its namespace. Also the first namespace that could not be
+/// looked at for another reason than its process having exited.
+fn other_namespaces(root: &Path) -> (Vec<PathBuf>, Option<io::Error>) {
+    let own = namespace_id(Path::new("/proc/thread-self/ns/net")).ok();
     let mut seen = HashSet::new();
     let mut out = Vec::new();
+    let mut refused = None;
     for (dir, _) in cgroup_tree(root) {
         let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
         for pid in procs.lines().filter(|l| !l.is_empty()) {
-            let path = std::path::PathBuf::from(format!("/proc/{pid}/ns/net"));
-            // A process that exited meanwhile has nothing left to end.
-            let Some(id) = namespace_id(&path) else {
+            // The kernel lists a process outside the reader's PID namespace as 0.
+            if pid == "0" {
+                refused.get_or_insert_with(|| {
+                    io::Error::other(format!(
+                        "{}: processes outside the hub's PID namespace, so their network namespaces cannot be searched (run the hub in the host's: hostPID)",
+                        dir.display()
+                    ))
+                });
                 continue;
+            }
+            let path = PathBuf::from(format!("/proc/{pid}/ns/net"));
+            let id = match namespace_id(&path) {
+                Ok(id) => id,
+                // A process that exited meanwhile has nothing left to end.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    refused.get_or_insert_with(|| cannot_enter(&path, &e));
+                    continue;
+                }
             };
             if Some(id) != own && seen.insert(id) {
                 out.push(path);
             }
         }
     }
-    out
+    (out, refused)
 }
 
 /// Runs `work` in the hub's network namespace and then, on a short-lived thread that
 /// joins it (setns affects only that thread), in each other namespace the intercepted
-/// processes use; returns the sum.
+/// processes use; returns the sum. A namespace that could not be entered is an error
+/// (after the others are done): its connections would bypass the hub unseen.
 fn in_each_namespace(
     cgroup: &Path,
     work: impl Fn() -> io::Result<usize> + Sync,
 ) -> io::Result<usize> {
     let mut total = work()?;
-    for path in other_namespaces(cgroup) {
+    let (others, refused) = other_namespaces(cgroup);
+    for path in others {
         total += std::thread::scope(|scope| {
             scope
                 .spawn(|| -> io::Result<usize> {
-                    let Ok(file) = std::fs::File::open(&path) else {
-                        return Ok(0); // gone meanwhile
+                    let file = match std::fs::File::open(&path) {
+                        Ok(f) => f,
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0), // gone
+                        Err(e) => return Err(cannot_enter(&path, &e)),
                     };
                     // SAFETY: setns(2) on a namespace file we hold open; it changes only
                     // this thread, which ends when the work is done.
                     if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                        return Err(io::Error::last_os_error());
+                        return Err(cannot_enter(&path, &io::Error::last_os_error()));
                     }
                     work()
                 })
@@ -124,5 +156,8 @@ fn in_each_namespace(
                 .map_err(|_| io::Error::other("a namespace's search panicked"))?
         })?;
     }
-    Ok(total)
+    match refused {
+        Some(e) => Err(e),
+        None => Ok(total),
+    }
 }

@@ -252,7 +252,13 @@ impl Interceptor {
             });
         }
         let key = origin::endpoint(vip);
-        let zero = PerCpuValues::try_from(vec![VipStats::default(); nr_cpus()]).map_err(|e| {
+        // The per-CPU counters need the possible CPUs, which aya reads from sysfs: a hub
+        // whose /sys lacks them (a container or chroot without sysfs) is told so by path.
+        let cpus = aya::util::nr_cpus().map_err(|(path, e)| InterceptError::Vip {
+            vip,
+            reason: format!("cannot read {path}: {e}"),
+        })?;
+        let zero = PerCpuValues::try_from(vec![VipStats::default(); cpus]).map_err(|e| {
             InterceptError::Vip {
                 vip,
                 reason: e.to_string(),
@@ -315,10 +321,6 @@ impl Drop for Interceptor {
         remove_pins(&self.pin_dir);
         tracing::info!(cgroup = %self.cgroup.display(), "eBPF programs detached, pins removed");
     }
-}
-
-fn nr_cpus() -> usize {
-    aya::util::nr_cpus().unwrap_or(1)
 }
 
 /// Removes the hub's pins (and the directory if it is then empty). Missing pins are fine.
