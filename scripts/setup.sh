@@ -20,8 +20,10 @@ need_root
 # openssl: test CA inspection; curl: admin checks in scripts; protobuf-compiler and
 # libprotobuf-dev: protoc and the well-known .proto files, which the etcd-client crate
 # needs to build its gRPC stubs; nginx-light: the reference proxy `cargo xtask bench proxy`
-# measures beside the hub (started by the benchmark on loopback, never as a service).
-DEB_PACKAGES=(etcd-server etcd-client bpftool iproute2 python3-kubernetes openssl curl ca-certificates protobuf-compiler libprotobuf-dev nginx-light)
+# measures beside the hub (started by the benchmark on loopback, never as a service);
+# containerd and runc: the container test runs the hub's image with them (a private
+# containerd each time, with its own socket and directories; never the system's).
+DEB_PACKAGES=(etcd-server etcd-client bpftool iproute2 python3-kubernetes openssl curl ca-certificates protobuf-compiler libprotobuf-dev nginx-light containerd runc)
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

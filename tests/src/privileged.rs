@@ -39,7 +39,35 @@ fn missing() -> Option<String> {
 
 /// Call first in every privileged test: `if !privileged::check("name") { return; }`.
 pub fn check(test: &str) -> bool {
-    match missing() {
+    decide(test, missing())
+}
+
+/// As `check`, for a test that also runs containers: it needs Debian's containerd, runc
+/// and ctr (scripts/setup.sh installs them) and the image archives `cargo xtask test`
+/// builds (HUB_IMAGE, HUB_IMAGE_NEXT).
+pub fn check_containers(test: &str) -> bool {
+    let why = missing().or_else(|| {
+        for tool in ["containerd", "runc", "ctr"] {
+            let found = std::process::Command::new(tool)
+                .arg("--version")
+                .output()
+                .is_ok();
+            if !found {
+                return Some(format!("`{tool}` not installed (scripts/setup.sh)"));
+            }
+        }
+        ["HUB_IMAGE", "HUB_IMAGE_NEXT"].iter().find_map(|var| {
+            let set = std::env::var_os(var).is_some_and(|p| std::path::Path::new(&p).exists());
+            (!set).then(|| {
+                format!("{var} does not name an image archive (cargo xtask test builds them)")
+            })
+        })
+    });
+    decide(test, why)
+}
+
+fn decide(test: &str, missing: Option<String>) -> bool {
+    match missing {
         None => {
             record(&format!("ran {test}"));
             true

@@ -39,3 +39,48 @@ pub fn connect(
     }
     serde_json::from_str(&process::output(cmd, "hub-probe connect")).expect("probe json")
 }
+
+/// `hub-probe hold` in `ns` and `cgroup`: a client holding one keep-alive connection to
+/// `to`, ended on every exit path. It prints {"held", "direct"} at once, then a line per
+/// `exchange()`.
+pub struct HoldingClient {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl HoldingClient {
+    pub fn start(ns: &Netns, to: &str, cgroup: &Cgroup) -> HoldingClient {
+        let mut cmd = ns.command(probe_bin());
+        cmd.args(["hold", "--to", to, "--cgroup"])
+            .arg(cgroup.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("hub-probe hold");
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        HoldingClient { child, out }
+    }
+
+    /// Its next line of output.
+    pub fn line(&mut self) -> Value {
+        use std::io::BufRead;
+        let mut line = String::new();
+        self.out.read_line(&mut line).expect("hub-probe output");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    }
+
+    /// Asks for the next request on the held connection and returns what it saw.
+    pub fn exchange(&mut self) -> Value {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "next").unwrap();
+        stdin.flush().unwrap();
+        self.line()
+    }
+}
+
+impl Drop for HoldingClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

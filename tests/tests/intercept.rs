@@ -10,7 +10,7 @@ use hub_tests::{
     hub::{HubProc, HubSpec},
     netns::Netns,
     privileged,
-    probe::{connect, upstream},
+    probe::{HoldingClient, connect, upstream},
     process, wait_for,
 };
 use serde_json::Value;
@@ -431,51 +431,6 @@ fn cloud_in(ns: &Netns, addr: &str, dir: &std::path::Path) -> hub_tests::process
     )
 }
 
-/// `hub-probe hold` in `ns` and `cgroup`: a client holding one keep-alive connection to
-/// `to`, ended on every exit path. It prints {"held", "direct"} at once, then a line per
-/// `next()`.
-struct HoldingClient {
-    child: std::process::Child,
-    out: std::io::BufReader<std::process::ChildStdout>,
-}
-
-impl HoldingClient {
-    fn start(ns: &Netns, to: &str, cgroup: &Cgroup) -> HoldingClient {
-        let mut cmd = ns.command(hub_tests::probe_bin());
-        cmd.args(["hold", "--to", to, "--cgroup"])
-            .arg(cgroup.path())
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped());
-        let mut child = cmd.spawn().expect("hub-probe hold");
-        let out = std::io::BufReader::new(child.stdout.take().unwrap());
-        HoldingClient { child, out }
-    }
-
-    /// Its next line of output.
-    fn line(&mut self) -> Value {
-        use std::io::BufRead;
-        let mut line = String::new();
-        self.out.read_line(&mut line).expect("hub-probe output");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
-    }
-
-    /// Asks for the next request on the held connection and returns what it saw.
-    fn next(&mut self) -> Value {
-        use std::io::Write;
-        let stdin = self.child.stdin.as_mut().unwrap();
-        writeln!(stdin, "next").unwrap();
-        stdin.flush().unwrap();
-        self.line()
-    }
-}
-
-impl Drop for HoldingClient {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn a_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts() {
     if !privileged::check(
@@ -498,7 +453,7 @@ fn a_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts() {
         status["bypass"]
     );
     assert_eq!(status["bypass"]["now"], 0, "{}", status["bypass"]);
-    let after = client.next();
+    let after = client.exchange();
     assert_eq!(after["reconnected"], true, "{after}");
     assert_eq!(
         after["direct"], false,
@@ -554,7 +509,7 @@ fn a_pods_connection_opened_while_the_hub_was_down_is_intercepted_once_it_starts
         hub.log()
     );
     assert_eq!(status["bypass"]["now"], 0, "{}", status["bypass"]);
-    let after = client.next();
+    let after = client.exchange();
     assert_eq!(after["reconnected"], true, "{after}");
     assert_eq!(
         after["direct"], false,

@@ -2,7 +2,7 @@
 //!
 //!   hub-apiserver --listen 127.0.0.1:6443 --dir DIR [--nodes N] [--pods-per-node M]
 //!                 [--services K] [--configmaps C] [--secrets S] [--history EVENTS] [--bookmark-ms MS]
-//!                 [--san NAME]... [--hub-pki NODE]...
+//!                 [--san NAME]... [--hub-pki NODE]... [--approve-csrs]
 //!
 //! Writes DIR/ca.crt and DIR/admin.kubeconfig (admin token), seeds the store, prints
 //! "ready" and serves until SIGTERM or SIGINT. With --hub-pki NODE it also writes what a
@@ -12,6 +12,7 @@
 //! token `pod-token` (user system:serviceaccount:default:app, may get/list/watch pods, logs,
 //! configmaps, services, endpoints and endpointslices in default, write configmaps
 //! and exec into pods there) and node identities what the Node authorizer gives them.
+//! With --approve-csrs it approves and signs CertificateSigningRequests as they arrive.
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use hub_tests::apiserver::{Options, StandIn, seed};
@@ -35,7 +36,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "usage: hub-apiserver --listen ADDR --dir DIR [--nodes N] [--pods-per-node M] [--services K] [--configmaps C] [--secrets S] [--history EVENTS] [--bookmark-ms MS] [--san NAME]... [--hub-pki NODE]..."
+            "usage: hub-apiserver --listen ADDR --dir DIR [--nodes N] [--pods-per-node M] [--services K] [--configmaps C] [--secrets S] [--history EVENTS] [--bookmark-ms MS] [--san NAME]... [--hub-pki NODE]... [--approve-csrs]"
         );
         return;
     }
@@ -58,6 +59,7 @@ fn main() {
             .filter(|w| w[0] == "--san")
             .map(|w| w[1].clone())
             .collect(),
+        auto_approve_csrs: args.iter().any(|a| a == "--approve-csrs"),
         ..Options::default()
     };
     // Block the stop signals before any thread starts, so only sigwait below sees them.
