@@ -40,6 +40,8 @@ pub struct RunSpec {
     pub cap_add: Vec<String>,
     pub drop_caps: Vec<String>,
     pub memory_limit: Option<u64>,
+    /// The runtime's default seccomp profile (a pod's `seccompProfile: RuntimeDefault`).
+    pub seccomp_default: bool,
     /// The cgroup (a path under each hierarchy) the container's process goes into.
     pub cgroup: String,
     /// Where a detached container's output goes (as a kubelet keeps container logs).
@@ -196,6 +198,9 @@ impl Containerd {
         if let Some(limit) = spec.memory_limit {
             a.push("--memory-limit".into());
             a.push(limit.to_string());
+        }
+        if spec.seccomp_default {
+            a.push("--seccomp".into());
         }
         a.push("--cgroup".into());
         a.push(spec.cgroup.clone());

@@ -242,6 +242,14 @@ impl Node {
         );
         let caps = &security["capabilities"];
         let drop_all = seq(&caps["drop"]).iter().any(|c| *c == "ALL");
+        // The container's profile, else the pod's; none is the kubelet's default (unconfined).
+        let seccomp = [security, &spec["securityContext"]]
+            .iter()
+            .find_map(|c| c["seccompProfile"]["type"].as_str());
+        assert!(
+            matches!(seccomp, None | Some("RuntimeDefault")),
+            "seccompProfile {seccomp:?}: not one this test runs"
+        );
         let memory_limit = container["resources"]["limits"]["memory"]
             .as_str()
             .map(quantity);
@@ -262,9 +270,34 @@ impl Node {
                 Vec::new()
             },
             memory_limit,
+            seccomp_default: seccomp == Some("RuntimeDefault"),
             cgroup: format!("/{}", hub_tests::unique(id)),
             log: Some(self.logs.path().join(format!("{id}.log"))),
         }
+    }
+
+    /// The HTTP status a kubelet's httpGet probe of `container` (`readinessProbe`,
+    /// `livenessProbe`) would get, sent from the node's network (hostNetwork).
+    fn probe(&self, container: &Yaml, which: &str) -> String {
+        let get = &container[which]["httpGet"];
+        let url = format!(
+            "http://{}:{}{}",
+            get["host"].as_str().unwrap_or("127.0.0.1"),
+            get["port"].as_u64().expect("a numeric probe port"),
+            get["path"].as_str().unwrap_or("/")
+        );
+        let mut c = self.ns.command("curl");
+        c.args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "--max-time",
+            "10",
+            "-w",
+            "%{http_code}",
+            &url,
+        ]);
+        String::from_utf8_lossy(&c.output().expect("curl").stdout).into_owned()
     }
 
     fn status(&self) -> Option<Value> {
@@ -434,15 +467,20 @@ fn quantity(q: &str) -> u64 {
     }
 }
 
+/// A field of /proc/PID/status.
+fn status_field(pid: u32, name: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+        .trim()
+        .to_string()
+}
+
 /// The effective capabilities of a process, by name.
 fn effective_caps(pid: u32) -> Vec<String> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let hex = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .unwrap()
-        .trim();
-    let bits = u64::from_str_radix(hex, 16).unwrap();
+    let bits = u64::from_str_radix(&status_field(pid, "CapEff"), 16).unwrap();
     // capability(7) numbers of the ones a DaemonSet may name here.
     let known = [
         (0, "CHOWN"),
@@ -539,12 +577,21 @@ fn the_image_runs_as_the_daemonset_s_pod_in_a_real_container_runtime() {
     let run = node.run_spec(spec, &hub, &image, "hub-1");
     let pid = ctd.start_detached(&run);
     node.wait_serving(pid, &|| node.log("hub-1.log"));
+    for which in ["readinessProbe", "livenessProbe"] {
+        assert_eq!(node.probe(&hub, which), "200", "the kubelet's {which}");
+    }
     let mut want_caps: Vec<String> = run.cap_add.clone();
     want_caps.sort();
     assert_eq!(
         effective_caps(pid),
         want_caps,
         "the container's capabilities"
+    );
+    assert!(run.seccomp_default, "the DaemonSet asks for RuntimeDefault");
+    assert_eq!(
+        status_field(pid, "Seccomp"),
+        "2",
+        "the runtime's syscall filter is in force"
     );
     assert_eq!(
         node.attached_links(),
