@@ -124,7 +124,7 @@ impl Node {
 
     /// The stand-in cloud in the node's namespace, signing the hub's serving-certificate
     /// CSR on arrival; the node's kubelet files (kubeconfig, client certificate, cluster
-    /// CA) are put where kubeadm puts them.
+    /// CA) are put where kubeadm and a kubelet put them.
     fn cloud(&self) -> Proc {
         let mut cmd = self.ns.command(bin_dir().join("hub-apiserver"));
         cmd.args(["--listen", CLOUD, "--nodes", "1", "--pods-per-node", "2"])
@@ -137,12 +137,22 @@ impl Node {
             std::fs::copy(self.pki.join(from), to).unwrap();
         };
         copy("ca.crt", "/etc/kubernetes/pki/ca.crt");
-        copy("hub-node.crt", "/var/lib/kubelet/pki/kubelet-client.crt");
-        copy("hub-node.key", "/var/lib/kubelet/pki/kubelet-client.key");
+        // As a kubelet rotates its client certificate: certificate and key in one dated
+        // file, and kubelet-client-current.pem an absolute link to it.
+        let dated = "/var/lib/kubelet/pki/kubelet-client-2026-01-01-00-00-00.pem";
+        let mut pem = std::fs::read(self.pki.join("hub-node.crt")).unwrap();
+        pem.extend(std::fs::read(self.pki.join("hub-node.key")).unwrap());
+        std::fs::create_dir_all(self.on_host("/var/lib/kubelet/pki")).unwrap();
+        std::fs::write(self.on_host(dated), pem).unwrap();
+        std::os::unix::fs::symlink(
+            dated,
+            self.on_host("/var/lib/kubelet/pki/kubelet-client-current.pem"),
+        )
+        .unwrap();
         std::fs::write(
             self.on_host("/etc/kubernetes/kubelet.conf"),
             format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: default\n  cluster:\n    server: https://{CLOUD}\n    certificate-authority: /etc/kubernetes/pki/ca.crt\nusers:\n- name: default\n  user:\n    client-certificate: /var/lib/kubelet/pki/kubelet-client.crt\n    client-key: /var/lib/kubelet/pki/kubelet-client.key\ncontexts:\n- name: default\n  context: {{cluster: default, user: default}}\ncurrent-context: default\n"
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: default\n  cluster:\n    server: https://{CLOUD}\n    certificate-authority: /etc/kubernetes/pki/ca.crt\nusers:\n- name: default\n  user:\n    client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n    client-key: /var/lib/kubelet/pki/kubelet-client-current.pem\ncontexts:\n- name: default\n  context: {{cluster: default, user: default}}\ncurrent-context: default\n"
             ),
         )
         .unwrap();
