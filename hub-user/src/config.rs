@@ -175,6 +175,11 @@ pub struct CoordinatorConfig {
     /// Resources the pool leader syncs for the whole pool.
     #[serde(default = "default_pool_scope")]
     pub pool_scope_resources: Vec<String>,
+    /// Resources (`group/version/resource`, as poolScopeResources) this hub keeps in its
+    /// own cache only and never pushes to the pool; what it pushed of them before is
+    /// released.
+    #[serde(default)]
+    pub not_pushed: Vec<String>,
     /// CA of the etcd members (https endpoints).
     pub ca_file: Option<PathBuf>,
     /// This node's client certificate and key for etcd (one identity per node).
@@ -317,6 +322,7 @@ impl Default for CoordinatorConfig {
             endpoints: vec![],
             prefix: default_prefix(),
             pool_scope_resources: default_pool_scope(),
+            not_pushed: Vec::new(),
             ca_file: None,
             cert_file: None,
             key_file: None,
@@ -495,6 +501,25 @@ impl Config {
         if !self.cache.dir.is_absolute() {
             return Err(invalid("cache.dir", "must be an absolute path"));
         }
+        for (field, list) in [
+            (
+                "coordinator.poolScopeResources",
+                &self.coordinator.pool_scope_resources,
+            ),
+            ("coordinator.notPushed", &self.coordinator.not_pushed),
+        ] {
+            for (i, gvr) in list.iter().enumerate() {
+                let parts: Vec<&str> = gvr.split('/').collect();
+                if parts.len() != 3 || parts[1].is_empty() || parts[2].is_empty() {
+                    return Err(invalid(
+                        format!("{field}[{i}]"),
+                        format!(
+                            "`{gvr}` is not group/version/resource (the core group empty: `/v1/events`)"
+                        ),
+                    ));
+                }
+            }
+        }
         if !self.coordinator.prefix.starts_with('/') {
             return Err(invalid("coordinator.prefix", "must start with `/`"));
         }
@@ -634,6 +659,14 @@ coordinator:
             (
                 "nodeName: a\ncloud: {servers: [\"https://a:1\"]}\nintercept: {vips: [\"[::1]:443\"]}",
                 "intercept.vips[0]",
+            ),
+            (
+                "nodeName: a\ncloud: {servers: [\"https://a:1\"]}\ncoordinator: {notPushed: [\"/v1/events\", \"leases\"]}",
+                "coordinator.notPushed[1]",
+            ),
+            (
+                "nodeName: a\ncloud: {servers: [\"https://a:1\"]}\ncoordinator: {poolScopeResources: [\"v1/services\"]}",
+                "coordinator.poolScopeResources[0]",
             ),
         ];
         for (text, field) in cases {

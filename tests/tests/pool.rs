@@ -1114,3 +1114,64 @@ fn every_key_under_the_prefix_is_one_kube_apiserver_would_read() {
     }
     assert!(read >= expected.len(), "{read} objects read");
 }
+
+/// `coordinator.notPushed` keeps a resource to the node: its clients read it through the
+/// hub as ever, but it never reaches the pool, while the rest is pushed.
+#[test]
+fn a_resource_configured_not_pushed_never_reaches_the_pool() {
+    let etcd = EtcdCluster::start(1);
+    let (ca, cloud) = cloud();
+    let store = &cloud.state.store;
+    seed::node(store, "node-0");
+    seed::configmap(store, "default", "conf", serde_json::json!({"k": "v"}));
+    // The node may read the ConfigMap because its pod mounts it.
+    seed::pod_mounting(store, "default", "app", "node-0", "app", &["conf"], &[]);
+    let dir = TempDir::new("pool");
+    let pki = ca
+        .write_hub_pki(&dir.path().join("node-0"), "node-0", &[])
+        .unwrap();
+    let node = start_named_hub(
+        &cloud,
+        &pki,
+        &etcd,
+        "node-0",
+        "  notPushed: [\"/v1/configmaps\"]\n",
+    );
+    let c = Client::new(
+        format!("127.0.0.1:{}", node.tls).parse().unwrap(),
+        ca.cert_der(),
+        None,
+        Some(&pki.kubelet),
+    );
+    // The ConfigMap is read (and cached) first: the single cache writer has stored it
+    // before it stores the node, so the push that carries the node has seen it too.
+    for path in [
+        "/api/v1/namespaces/default/configmaps/conf",
+        "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-0",
+        "/api/v1/nodes/node-0",
+    ] {
+        let r = c
+            .request(
+                "GET",
+                path,
+                &[
+                    ("User-Agent", "kubelet/v1.32.0"),
+                    ("Accept", "application/json"),
+                ],
+                &[],
+            )
+            .unwrap();
+        assert_eq!(r.status, 200, "{path}");
+    }
+    wait_for(
+        "the node pushed to the pool",
+        Duration::from_secs(60),
+        || (!etcd.keys("/registry/minions/").is_empty()).then_some(()),
+    );
+    assert_eq!(etcd.keys("/registry/pods/"), ["/registry/pods/default/app"]);
+    assert_eq!(
+        etcd.keys("/registry/configmaps/"),
+        Vec::<String>::new(),
+        "a resource not pushed is in the pool"
+    );
+}

@@ -521,15 +521,21 @@ impl Pool {
         for k in pushed.keys() {
             sets.entry(k.clone()).or_default();
         }
+        let not_pushed = &self.config.coordinator.not_pushed;
         let held: HashSet<_> = sets
             .iter()
+            .filter(|((_, gvr), _)| !not_pushed.contains(gvr))
             .flat_map(|((_, gvr), set)| set.live.iter().map(|i| json_copies::id(gvr, i)))
             .collect();
         let started = Instant::now();
         let (mut pushed_now, mut retry) = (false, None);
         let (pool, node) = (self.pool_name(), self.config.node_name.clone());
         for ((component, gvr), mut set) in sets {
-            if self.config.coordinator.pool_scope_resources.contains(&gvr)
+            if not_pushed.contains(&gvr) {
+                // Kept to this node by configuration: nothing of it goes to the pool, and
+                // what was pushed of it before is released.
+                set = Set::default();
+            } else if self.config.coordinator.pool_scope_resources.contains(&gvr)
                 && self.leader_synced(storage, &gvr).await
             {
                 // The leader's sync owns this resource in the coordinator (in JSON): this
