@@ -1175,3 +1175,57 @@ fn a_resource_configured_not_pushed_never_reaches_the_pool() {
         "a resource not pushed is in the pool"
     );
 }
+
+/// By default the node's lease, which its kubelet renews every 10 s, stays on the node:
+/// the hub keeps the written lease as the node's copy, but never pushes it.
+#[test]
+fn a_node_s_lease_stays_on_the_node_by_default() {
+    let etcd = EtcdCluster::start(1);
+    let (ca, cloud) = cloud();
+    seed::node(&cloud.state.store, "node-0");
+    let dir = TempDir::new("pool");
+    let pki = ca
+        .write_hub_pki(&dir.path().join("node-0"), "node-0", &[])
+        .unwrap();
+    let node = start_named_hub(&cloud, &pki, &etcd, "node-0", "");
+    let c = Client::new(
+        format!("127.0.0.1:{}", node.tls).parse().unwrap(),
+        ca.cert_der(),
+        None,
+        Some(&pki.kubelet),
+    );
+    let headers = [
+        ("User-Agent", "kubelet/v1.32.0"),
+        ("Accept", "application/json"),
+        ("Content-Type", "application/json"),
+    ];
+    let lease = serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "node-0", "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": "node-0", "leaseDurationSeconds": 40},
+    });
+    // Written first, so the push that carries the node (read next) has seen it.
+    let r = c
+        .request(
+            "POST",
+            "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+            &headers,
+            &serde_json::to_vec(&lease).unwrap(),
+        )
+        .unwrap();
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    let r = c
+        .request("GET", "/api/v1/nodes/node-0", &headers[..2], &[])
+        .unwrap();
+    assert_eq!(r.status, 200);
+    wait_for(
+        "the node pushed to the pool",
+        Duration::from_secs(60),
+        || (!etcd.keys("/registry/minions/").is_empty()).then_some(()),
+    );
+    assert_eq!(
+        etcd.keys("/registry/leases/"),
+        Vec::<String>::new(),
+        "the node's lease is in the pool"
+    );
+}
