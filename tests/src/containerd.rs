@@ -163,7 +163,8 @@ impl Containerd {
             .collect()
     }
 
-    fn run_args(&mut self, spec: &RunSpec, detached: bool) -> Vec<String> {
+    /// `ctr run` of `spec`, to its end (`--rm`) or detached (`-d`): (success, output).
+    fn ctr_run(&mut self, spec: &RunSpec, detached: bool) -> (bool, String) {
         self.cgroups.push(spec.cgroup.clone());
         let mut a = vec!["run".to_string()];
         for (src, dst, read_only, slave) in &spec.mounts {
@@ -208,14 +209,7 @@ impl Containerd {
             a.push("--log-uri".into());
             a.push(format!("file://{}", log.display()));
         }
-        a
-    }
-
-    /// Runs the container to its end (an init container, a one-off command): (exit
-    /// success, its output).
-    pub fn run_to_end(&mut self, spec: &RunSpec) -> (bool, String) {
-        let mut a = self.run_args(spec, false);
-        a.push("--rm".into());
+        a.push(if detached { "-d" } else { "--rm" }.into());
         a.push(spec.image.clone());
         a.push(spec.id.clone());
         a.extend(spec.args.iter().cloned());
@@ -223,16 +217,16 @@ impl Containerd {
         self.try_ctr(&args)
     }
 
+    /// Runs the container to its end (an init container, a one-off command): (exit
+    /// success, its output).
+    pub fn run_to_end(&mut self, spec: &RunSpec) -> (bool, String) {
+        self.ctr_run(spec, false)
+    }
+
     /// Starts the container in the background (`ctr run -d`); its task's pid on the host.
     pub fn start_detached(&mut self, spec: &RunSpec) -> u32 {
-        let mut a = self.run_args(spec, true);
-        a.push("-d".into());
-        a.push(spec.image.clone());
-        a.push(spec.id.clone());
-        a.extend(spec.args.iter().cloned());
-        let args: Vec<&str> = a.iter().map(String::as_str).collect();
         self.containers.push(spec.id.clone());
-        let (ok, said) = self.try_ctr(&args);
+        let (ok, said) = self.ctr_run(spec, true);
         assert!(ok, "ctr run -d {}: {said}\n{}", spec.id, self.log());
         self.task_pid(&spec.id)
             .unwrap_or_else(|| panic!("no task for {}: {}", spec.id, self.tasks()))

@@ -84,3 +84,46 @@ impl Drop for HoldingClient {
         let _ = self.child.wait();
     }
 }
+
+/// A kubelet-style request (its node certificate from `pki`, a kubelet User-Agent) from
+/// `cgroup` in `ns`, on a new connection to `cloud`: the sorted names of `node`'s pods,
+/// or why not.
+pub fn kubelet_lists_pods(
+    ns: &Netns,
+    cgroup: &Cgroup,
+    pki: &std::path::Path,
+    cloud: &str,
+    node: &str,
+) -> Result<Vec<String>, String> {
+    let mut c = ns.command("curl");
+    c.args(["-sS", "--max-time", "20", "-w", "\n%{http_code}"])
+        .args(["-A", "kubelet/v1.32.0 (linux/amd64) kubernetes/test"])
+        .arg("--cacert")
+        .arg(pki.join("ca.crt"))
+        .arg("--cert")
+        .arg(pki.join("kubelet.crt"))
+        .arg("--key")
+        .arg(pki.join("kubelet.key"))
+        .arg(format!(
+            "https://{cloud}/api/v1/pods?fieldSelector=spec.nodeName%3D{node}"
+        ));
+    process::in_cgroup(&mut c, &cgroup.procs_file());
+    let out = c.output().map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", ""));
+    if code != "200" {
+        return Err(format!(
+            "HTTP {code:?}: {body} {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let list: Value = serde_json::from_str(body).map_err(|e| format!("{e}: {body}"))?;
+    let mut names: Vec<String> = list["items"]
+        .as_array()
+        .ok_or_else(|| format!("not a list: {body}"))?
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap_or_default().into())
+        .collect();
+    names.sort();
+    Ok(names)
+}

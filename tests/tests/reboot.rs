@@ -154,46 +154,7 @@ impl Node {
     /// A kubelet-style request through the VIP (a new connection each time, from the
     /// node's cgroup): the names of the node's pods, or why not.
     fn kubelet_lists_pods(&self) -> Result<Vec<String>, String> {
-        let p = &self.pki;
-        let mut c = self.ns.command("curl");
-        c.args(["-sS", "--max-time", "20", "-w", "\n%{http_code}"])
-            .args([
-                "-A",
-                "kubelet/v1.32.0 (linux/amd64) kubernetes/test",
-                "--cacert",
-            ])
-            .arg(p.join("ca.crt"))
-            .arg("--cert")
-            .arg(p.join("kubelet.crt"))
-            .arg("--key")
-            .arg(p.join("kubelet.key"))
-            .arg(format!(
-                "https://{CLOUD}/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}"
-            ));
-        process::in_cgroup(&mut c, &self.cg.procs_file());
-        let out = c.output().map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", ""));
-        if code != "200" {
-            return Err(format!(
-                "HTTP {code:?}: {body} {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        let list: Value = serde_json::from_str(body).map_err(|e| format!("{e}: {body}"))?;
-        let mut names: Vec<String> = list["items"]
-            .as_array()
-            .ok_or_else(|| format!("not a list: {body}"))?
-            .iter()
-            .map(|p| {
-                p["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string()
-            })
-            .collect();
-        names.sort();
-        Ok(names)
+        hub_tests::probe::kubelet_lists_pods(&self.ns, &self.cg, &self.pki, CLOUD, NODE)
     }
 
     fn attached_links(&self) -> usize {
