@@ -20,7 +20,7 @@ pub enum Value<'a> {
     Fixed32(u32),
 }
 
-fn varint(buf: &mut &[u8]) -> Option<u64> {
+pub fn varint(buf: &mut &[u8]) -> Option<u64> {
     let mut v = 0u64;
     for shift in (0..64).step_by(7) {
         let (&b, rest) = buf.split_first()?;

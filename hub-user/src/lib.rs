@@ -7,6 +7,7 @@ pub mod cache;
 pub mod certs;
 pub mod cli;
 pub mod config;
+pub mod convert;
 pub mod coordinator;
 pub mod daemon;
 pub mod files;

@@ -40,6 +40,9 @@ commands:
                whole coordinator, a hub and a cache disk fail on a schedule; invariants are
                hard failures; --minutes N (default 3), --report PATH (default
                target/soak-report.json; the hubs' logs beside it)
+  kube-schema  regenerate hub-user/src/convert/schema_table.rs (the protobuf <-> JSON schema)
+               from k8s-pb and k8s-openapi sources (fetched by cargo) and
+               xtask/kube-schema/overrides.txt; needs python3
   fuzz         mutate recorded inputs through every parser that takes outside bytes
                (hub-fuzz); --seconds N in all (default 60), --seed S; fails on a finding";
 
@@ -51,6 +54,7 @@ fn main() {
         Some("lint") => lint(),
         Some("bench") => bench_cmd(&args[1..]),
         Some("image") => image::run(&args[1..]),
+        Some("kube-schema") => kube_schema(),
         Some("bench-doc") => bench_doc::bench_doc(&root(), args.iter().any(|a| a == "--check")),
         Some("soak") => build_bins().and_then(|()| soak::run(&args[1..])),
         Some("fuzz") => build_bins().and_then(|()| fuzz(&args[1..])),
@@ -173,6 +177,12 @@ fn build_bins() -> Result<()> {
     let mut build = cargo();
     build.args(["build", "-p", "hub-user", "-p", "hub-tests", "--bins"]);
     run(build, "build hub and hub-probe")
+}
+
+fn kube_schema() -> Result<()> {
+    let mut generate = Command::new("python3");
+    generate.arg(root().join("xtask/kube-schema/generate.py"));
+    run(generate, "xtask/kube-schema/generate.py")
 }
 
 fn lint() -> Result<()> {

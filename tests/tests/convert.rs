@@ -1,0 +1,402 @@
+//! Protobuf <-> JSON conversion (hub::convert) against kube-apiserver's own answers: every
+//! object recorded in both encodings (tests/fixtures/wire/kube-apiserver-*/dual-*) converts
+//! to the JSON the apiserver wrote, decode-equal (key order free).
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+fn wire() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/wire")
+}
+
+/// The `dual-<kind>` pairs of one apiserver version: (kind, protobuf body, JSON body).
+fn dual_pairs(version: &str) -> Vec<(String, Vec<u8>, Vec<u8>)> {
+    let dir = wire().join(format!("kube-apiserver-{version}"));
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        let Some(kind) = name
+            .strip_prefix("dual-")
+            .and_then(|n| n.strip_suffix("-protobuf"))
+        else {
+            continue;
+        };
+        let pb = std::fs::read(dir.join(&name).join("response.body")).unwrap();
+        let json = std::fs::read(dir.join(format!("dual-{kind}-json/response.body"))).unwrap();
+        out.push((kind.to_string(), pb, json));
+    }
+    out.sort();
+    assert!(
+        out.len() >= 21,
+        "{version}: only {} dual-encoding pairs",
+        out.len()
+    );
+    out
+}
+
+/// Where two JSON values differ, as `path: left != right` lines.
+fn differences(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for (k, v) in x {
+                match y.get(k) {
+                    Some(w) => differences(&format!("{path}.{k}"), v, w, out),
+                    None => out.push(format!(
+                        "{path}.{k}: converted {v}, absent in the recording"
+                    )),
+                }
+            }
+            for (k, w) in y {
+                if !x.contains_key(k) {
+                    out.push(format!("{path}.{k}: absent when converted, recorded {w}"));
+                }
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (v, w)) in x.iter().zip(y).enumerate() {
+                differences(&format!("{path}[{i}]"), v, w, out);
+            }
+        }
+        _ if a != b => out.push(format!("{path}: converted {a}, recorded {b}")),
+        _ => {}
+    }
+}
+
+fn check_version(version: &str) {
+    let mut failures = Vec::new();
+    for (kind, pb, json) in dual_pairs(version) {
+        let style = hub::convert::Style::for_minor(version[2..].parse().unwrap());
+        let converted = match hub::convert::to_json(&pb, style) {
+            Ok(c) => c,
+            Err(e) => {
+                failures.push(format!("{version} {kind}: {e}"));
+                continue;
+            }
+        };
+        let converted: Value = serde_json::from_slice(&converted).expect("converted JSON parses");
+        let recorded: Value = serde_json::from_slice(&json).unwrap();
+        let mut diffs = Vec::new();
+        differences("", &converted, &recorded, &mut diffs);
+        for d in diffs {
+            failures.push(format!("{version} {kind}: {d}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} differences:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn every_recorded_protobuf_object_converts_to_the_apiserver_s_json_1_32() {
+    check_version("1.32");
+}
+
+#[test]
+fn every_recorded_protobuf_object_converts_to_the_apiserver_s_json_1_36() {
+    check_version("1.36");
+}
+
+#[test]
+fn every_recorded_json_object_converts_to_protobuf_and_back_unchanged() {
+    for version in ["1.32", "1.36"] {
+        let style = hub::convert::Style::for_minor(version[2..].parse().unwrap());
+        for (kind, _, json) in dual_pairs(version) {
+            let pb = hub::convert::to_protobuf(&json)
+                .unwrap_or_else(|e| panic!("{version} {kind}: {e}"));
+            let back: Value =
+                serde_json::from_slice(&hub::convert::to_json(&pb, style).unwrap()).unwrap();
+            let recorded: Value = serde_json::from_slice(&json).unwrap();
+            let mut diffs = Vec::new();
+            differences("", &back, &recorded, &mut diffs);
+            assert!(diffs.is_empty(), "{version} {kind}:\n{}", diffs.join("\n"));
+        }
+    }
+}
+
+/// The stand-in's pod, encoded to protobuf by the stand-in (k8s-pb's own types), converts to
+/// the JSON the stand-in holds.
+#[test]
+fn the_stand_in_s_realistic_pod_converts_to_its_json() {
+    let pod = hub_tests::apiserver::seed::realistic_pod();
+    let pb = hub_tests::apiserver::protobuf::object("v1", "Pod", &pod);
+    let converted: Value =
+        serde_json::from_slice(&hub::convert::to_json(&pb, Default::default()).unwrap()).unwrap();
+    let mut diffs = Vec::new();
+    differences("", &converted, &pod, &mut diffs);
+    assert!(diffs.is_empty(), "{}", diffs.join("\n"));
+}
+
+/// A small deterministic generator (xorshift64*), so a failing case names its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+    fn text(&mut self) -> String {
+        const WORDS: &[&str] = &[
+            "web",
+            "kube-system",
+            "10.0.0.1",
+            "ä/ö",
+            "\"quoted\"",
+            "a\nb",
+            "x",
+            "Ready",
+            "µs",
+        ];
+        (0..=self.below(3))
+            .map(|_| WORDS[self.below(WORDS.len() as u64) as usize])
+            .collect::<Vec<_>>()
+            .join("-")
+    }
+}
+
+use hub::convert::schema::{Card, DROP_ZERO, EMPTY_LIST, Field, INLINE, NULL_IF_ABSENT, Type};
+
+/// A JSON object of message `m` as Go's encoder would write one: what it leaves out is absent,
+/// what it writes as `null` is `null`.
+fn random_object(rng: &mut Rng, m: u16, depth: u32, obj: &mut serde_json::Map<String, Value>) {
+    let msg = hub::convert::message(m);
+    for field in msg.fields {
+        if field.flags & INLINE != 0 {
+            if let Type::Message(inner) = field.ty
+                && depth < 6
+                && rng.chance(50)
+            {
+                random_object(rng, inner, depth + 1, obj);
+            }
+            continue;
+        }
+        let present = depth < 6 && rng.chance(if depth < 2 { 70 } else { 40 });
+        match field.card {
+            _ if !present => {
+                if field.flags & NULL_IF_ABSENT != 0 {
+                    obj.insert(field.json.into(), Value::Null);
+                } else if field.flags & EMPTY_LIST != 0 {
+                    obj.insert(field.json.into(), Value::Array(vec![]));
+                }
+            }
+            Card::One => {
+                if let Some(v) = random_value(rng, field, depth) {
+                    obj.insert(field.json.into(), v);
+                }
+            }
+            Card::Repeated => {
+                let items: Vec<Value> = (0..=rng.below(3))
+                    .filter_map(|_| random_value(rng, field, depth))
+                    .collect();
+                if !items.is_empty() {
+                    obj.insert(field.json.into(), Value::Array(items));
+                } else if field.flags & (NULL_IF_ABSENT | EMPTY_LIST) != 0 {
+                    obj.insert(
+                        field.json.into(),
+                        if field.flags & EMPTY_LIST != 0 {
+                            Value::Array(vec![])
+                        } else {
+                            Value::Null
+                        },
+                    );
+                }
+            }
+            Card::Map => {
+                let mut map = serde_json::Map::new();
+                for _ in 0..=rng.below(3) {
+                    if let Some(v) = random_value(rng, field, depth) {
+                        map.insert(rng.text(), v);
+                    }
+                }
+                obj.insert(
+                    field.json.into(),
+                    if map.is_empty() {
+                        Value::Null
+                    } else {
+                        Value::Object(map)
+                    },
+                );
+            }
+        }
+    }
+}
+
+fn random_value(rng: &mut Rng, field: &Field, depth: u32) -> Option<Value> {
+    let zero_dropped = field.flags & DROP_ZERO != 0 && field.card == Card::One;
+    Some(match field.ty {
+        Type::String => {
+            let s = if rng.chance(10) {
+                String::new()
+            } else {
+                rng.text()
+            };
+            if s.is_empty() && zero_dropped {
+                return None;
+            }
+            Value::String(s)
+        }
+        Type::Bool => {
+            let b = rng.chance(50);
+            if !b && zero_dropped {
+                return None;
+            }
+            Value::Bool(b)
+        }
+        Type::Int32 | Type::Int64 => {
+            let n: i64 = match rng.below(4) {
+                0 => 0,
+                1 => -(rng.below(1000) as i64),
+                2 if field.ty == Type::Int64 => rng.next() as i64,
+                _ => rng.below(i32::MAX as u64) as i64,
+            };
+            if n == 0 && zero_dropped {
+                return None;
+            }
+            Value::from(n)
+        }
+        Type::Bytes => {
+            use base64::Engine;
+            let b: Vec<u8> = (0..rng.below(20)).map(|_| rng.next() as u8).collect();
+            if b.is_empty() && zero_dropped {
+                return None;
+            }
+            Value::String(base64::engine::general_purpose::STANDARD.encode(b))
+        }
+        Type::Time | Type::MicroTime => {
+            let secs = rng.below(4_000_000_000) as i64;
+            let (date, time) = civil(secs);
+            if field.ty == Type::Time {
+                Value::String(format!("{date}T{time}Z"))
+            } else {
+                Value::String(format!("{date}T{time}.{:06}Z", rng.below(1_000_000)))
+            }
+        }
+        Type::Quantity => Value::String(
+            ["100m", "1Gi", "5", "0", "1500Mi", "2.5", "1e3"][rng.below(7) as usize].into(),
+        ),
+        Type::IntOrString => {
+            if rng.chance(50) {
+                Value::from(rng.below(65536))
+            } else {
+                Value::String(format!("{}%", rng.below(100)))
+            }
+        }
+        Type::RawJson => {
+            serde_json::json!({"f:metadata": {"f:labels": {".": {}}}, "n": rng.below(9)})
+        }
+        Type::Message(m) => {
+            let inner = hub::convert::message(m);
+            if inner.items_only {
+                return Some(Value::Array(
+                    (0..=rng.below(2))
+                        .map(|_| Value::String(rng.text()))
+                        .collect(),
+                ));
+            }
+            let mut obj = serde_json::Map::new();
+            random_object(rng, m, depth + 1, &mut obj);
+            Value::Object(obj)
+        }
+    })
+}
+
+/// Unix seconds -> ("YYYY-MM-DD", "HH:MM:SS"), by counting days (independent of the hub's).
+fn civil(secs: i64) -> (String, String) {
+    let (mut days, rem) = (secs / 86_400, secs % 86_400);
+    let mut year = 1970;
+    loop {
+        let len = if (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 {
+            366
+        } else {
+            365
+        };
+        if days < len {
+            break;
+        }
+        days -= len;
+        year += 1;
+    }
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let months = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    let mut month = 0;
+    while days >= months[month] {
+        days -= months[month];
+        month += 1;
+    }
+    (
+        format!("{year:04}-{:02}-{:02}", month + 1, days + 1),
+        format!("{:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60),
+    )
+}
+
+/// Per kind: JSON objects of random shape, converted to protobuf and back, are unchanged; and
+/// the protobuf is what k8s-pb's own Pod type reads (for pods, the kind a node holds most).
+#[test]
+fn every_kind_s_random_objects_convert_to_protobuf_and_back_unchanged() {
+    let mut failures = Vec::new();
+    for kind in hub::convert::kinds() {
+        for case in 0..40u64 {
+            let seed = 0x9E37_79B9_7F4A_7C15 ^ (case << 32) ^ u64::from(kind.message);
+            let mut rng = Rng(seed);
+            let mut obj = serde_json::Map::new();
+            obj.insert("kind".into(), kind.kind.into());
+            obj.insert("apiVersion".into(), kind.api_version.into());
+            random_object(&mut rng, kind.message, 0, &mut obj);
+            let json = Value::Object(obj);
+            let pb = match hub::convert::to_protobuf(json.to_string().as_bytes()) {
+                Ok(pb) => pb,
+                Err(e) => {
+                    failures.push(format!("{} seed {seed:#x}: to protobuf: {e}", kind.kind));
+                    continue;
+                }
+            };
+            if kind.kind == "Pod" {
+                use prost::Message;
+                let u = hub::kproto::unwrap(&pb).unwrap();
+                k8s_pb::api::core::v1::Pod::decode(u.raw).expect("k8s-pb reads the converted pod");
+            }
+            let back: Value = match hub::convert::to_json(&pb, Default::default()) {
+                Ok(j) => serde_json::from_slice(&j).unwrap(),
+                Err(e) => {
+                    failures.push(format!("{} seed {seed:#x}: to JSON: {e}", kind.kind));
+                    continue;
+                }
+            };
+            let mut diffs = Vec::new();
+            differences("", &back, &json, &mut diffs);
+            if let Some(d) = diffs.first() {
+                failures.push(format!("{} seed {seed:#x}: {d}", kind.kind));
+                break;
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} kinds failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
