@@ -443,7 +443,7 @@ pub fn render(s: &StatusReport) -> String {
         Some(c) => {
             let _ = writeln!(
                 out,
-                "coordinator:  pool {} reads {}, pushes {} ({}), epoch {}, {} full pushes, {} sets / {} objects pushed, {} older than the pool's dropped, {} JSON forms fetched, {} pushed in protobuf{}{}",
+                "coordinator:  pool {} reads {}, pushes {} ({}), epoch {}, {} full pushes, {} sets / {} objects pushed, {} older than the pool's dropped, {} converted to protobuf, {} stored as JSON{}{}",
                 c.pool,
                 if c.healthy { "healthy" } else { "UNHEALTHY" },
                 if c.pushes_healthy {
@@ -457,8 +457,8 @@ pub fn render(s: &StatusReport) -> String {
                 c.lists_pushed,
                 c.objects_written,
                 c.stale_dropped,
-                c.json_fetched,
-                c.pushed_as_protobuf,
+                c.converted_for_storage,
+                c.stored_as_json,
                 c.last_error
                     .as_ref()
                     .map(|e| format!(" (last error: {e})"))

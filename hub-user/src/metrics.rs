@@ -175,19 +175,14 @@ impl Collector for PoolCollector {
                 s.stale_dropped,
             ),
             (
-                "json_fetched",
-                "JSON forms of protobuf objects fetched from the cloud for pushes",
-                s.json_fetched,
+                "converted_for_storage",
+                "Objects held in JSON converted to protobuf for the coordinator",
+                s.converted_for_storage,
             ),
             (
-                "json_refused",
-                "Objects the cloud would not give in JSON (gone, forbidden)",
-                s.json_refused,
-            ),
-            (
-                "pushed_as_protobuf",
-                "Objects pushed in protobuf (JSON-only clients of the pool do not see them)",
-                s.pushed_as_protobuf,
+                "stored_as_json",
+                "Objects pushed in JSON (no schema to convert them: custom resources)",
+                s.stored_as_json,
             ),
             (
                 "leader_lists",

@@ -790,7 +790,7 @@ fn protobuf_watch_pods(body: &[u8]) -> (Vec<(String, String)>, BTreeSet<String>)
 /// cloud sends gzipped, and watches them while pods arrive, change and go. With the cloud
 /// down, the cache serves the whole list (gzipped again, as the cloud would) and a
 /// protobuf watch client-go can decode — including the pods only the watch brought. A
-/// client accepting only protobuf for a set cached as JSON is refused, never given an
+/// client accepting only protobuf for a set cached as JSON gets it converted, never an
 /// empty list.
 #[test]
 fn gzip_lists_and_protobuf_watches_reach_the_cache_and_come_back_offline() {
@@ -930,24 +930,68 @@ fn gzip_lists_and_protobuf_watches_reach_the_cache_and_come_back_offline() {
     let (events, added) = protobuf_watch_pods(&watch.body);
     assert_eq!(added, expected, "{} events", events.len());
 
-    // Accepting only protobuf for what is cached only as JSON: refused, not empty.
+    // Accepting only protobuf for what is cached only as JSON: converted on the node, as
+    // kube-apiserver would answer it (read here by k8s-pb's own types).
     let pb_only = [
         ("User-Agent", "kubelet/v1.32.0 (linux/amd64)"),
         ("Accept", "application/vnd.kubernetes.protobuf"),
     ];
-    for path in [
-        "/api/v1/namespaces/ns1/configmaps?fieldSelector=metadata.name%3Donly-json",
-        "/api/v1/namespaces/ns1/configmaps/only-json",
-        "/api/v1/namespaces/ns1/configmaps?fieldSelector=metadata.name%3Donly-json&watch=true&timeoutSeconds=1",
-    ] {
-        let r = get(path, &pb_only);
-        assert_eq!(r.status, 503, "{path}");
-        // The refusal itself is a protobuf Status, as the client asked for protobuf.
-        let status = protobuf_status(&r.body);
-        let message = status.message.unwrap_or_default();
-        assert!(message.contains("encoding"), "{path}: {message}");
-        assert_eq!(status.code, Some(503));
-    }
+    use k8s_pb::api::core::v1::{ConfigMap, ConfigMapList};
+    use k8s_pb::apimachinery::pkg::{apis::meta::v1::WatchEvent, runtime::Unknown};
+    use prost::Message;
+    let unwrap = |body: &[u8]| {
+        let u = Unknown::decode(body.strip_prefix(b"k8s\0").expect("an enveloped object"))
+            .expect("a runtime.Unknown");
+        let tm = u.type_meta.unwrap_or_default();
+        (
+            tm.api_version.unwrap_or_default(),
+            tm.kind.unwrap_or_default(),
+            u.raw.unwrap_or_default(),
+        )
+    };
+    let check = |path: &str, cm: ConfigMap| {
+        let meta = cm.metadata.unwrap_or_default();
+        assert_eq!(meta.name.as_deref(), Some("only-json"), "{path}");
+        assert_eq!(cm.data.get("k").map(String::as_str), Some("v"), "{path}");
+    };
+    let path = "/api/v1/namespaces/ns1/configmaps?fieldSelector=metadata.name%3Donly-json";
+    let r = get(path, &pb_only);
+    assert_eq!(
+        r.status,
+        200,
+        "{path}: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let (_, kind, raw) = unwrap(&r.body);
+    assert_eq!(kind, "ConfigMapList");
+    let list = ConfigMapList::decode(raw.as_slice()).expect("a ConfigMapList");
+    assert_eq!(list.items.len(), 1);
+    check(path, list.items.into_iter().next().unwrap());
+    let path = "/api/v1/namespaces/ns1/configmaps/only-json";
+    let r = get(path, &pb_only);
+    assert_eq!(
+        r.status,
+        200,
+        "{path}: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let (api_version, kind, raw) = unwrap(&r.body);
+    assert_eq!((api_version.as_str(), kind.as_str()), ("v1", "ConfigMap"));
+    check(
+        path,
+        ConfigMap::decode(raw.as_slice()).expect("a ConfigMap"),
+    );
+    let path = "/api/v1/namespaces/ns1/configmaps?fieldSelector=metadata.name%3Donly-json&watch=true&timeoutSeconds=1";
+    let r = get(path, &pb_only);
+    assert_eq!(r.status, 200, "{path}");
+    let len = u32::from_be_bytes(r.body[..4].try_into().unwrap()) as usize;
+    let event = WatchEvent::decode(&r.body[4..4 + len]).expect("a raw WatchEvent");
+    assert_eq!(event.r#type.as_deref(), Some("ADDED"));
+    let (_, _, raw) = unwrap(&event.object.unwrap().raw.unwrap());
+    check(
+        path,
+        ConfigMap::decode(raw.as_slice()).expect("a ConfigMap"),
+    );
 }
 
 /// Object names and the kind of a list answer, read by full decoders (prost messages with
@@ -1766,4 +1810,116 @@ fn relists_of_unchanged_objects_write_nothing_and_changes_always_land() {
         "hub cache ls lists live objects only"
     );
     assert!(cached_rv("p4", "protobuf").is_some());
+}
+
+/// The items of a JSON list or the object of a JSON get, by namespace/name.
+fn json_objects(body: &[u8]) -> std::collections::BTreeMap<String, Value> {
+    let v: Value = serde_json::from_slice(body).expect("a JSON answer");
+    let items = match v["items"].as_array() {
+        Some(items) => items.clone(),
+        None => vec![v],
+    };
+    items
+        .into_iter()
+        .map(|o| {
+            let key = format!(
+                "{}/{}",
+                o["metadata"]["namespace"].as_str().unwrap_or_default(),
+                o["metadata"]["name"].as_str().unwrap_or_default()
+            );
+            (key, o)
+        })
+        .collect()
+}
+
+/// What the kubelet cached in protobuf, kubectl (JSON only, with the kubelet's own
+/// credentials, as an operator on the node uses them) lists and gets while the cloud is
+/// down: the cloud's own JSON of those objects, converted on the node.
+#[test]
+fn kubectl_reads_offline_what_the_kubelet_cached_in_protobuf() {
+    let s = Setup::new(&["kubelet", "kubectl"]);
+    seed_namespaces(&s.cloud);
+    let hub = s.start_hub();
+    let kubelet = s.kubelet();
+    let pods = "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-0";
+    assert_eq!(kubelet_get(&kubelet, pods).status, 200);
+    assert_eq!(kubelet_get(&kubelet, "/api/v1/nodes/node-0").status, 200);
+    s.wait_cached("kubelet", "kubelet's pods and node", |e| {
+        e.iter()
+            .filter(|e| e["kind"] == "Pod" && e["encoding"] == "protobuf")
+            .count()
+            == 7
+            && e.iter()
+                .any(|e| e["key"] == "/v1/nodes/node-0" && e["encoding"] == "protobuf")
+    });
+    // Ground truth: the cloud's own JSON of the same objects.
+    let cloud_addr = s
+        .cloud
+        .url()
+        .trim_start_matches("https://")
+        .parse()
+        .unwrap();
+    let cloud = Client::new(cloud_addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
+    let json = [("Accept", "application/json")];
+    let cloud_pods = json_objects(&cloud.request("GET", pods, &json, &[]).unwrap().body);
+    let cloud_node = json_objects(&cloud.get("/api/v1/nodes/node-0").body);
+    assert_eq!(cloud_pods.len(), 7);
+
+    let kc = s.dir.path().join("kubelet-creds.kubeconfig");
+    hub_tests::apiserver::write_kubeconfig(
+        &kc,
+        &format!("https://{}", s.hub_addr()),
+        &s.ca.cert_pem(),
+        hub_tests::apiserver::Credentials::ClientCert {
+            cert_pem: &s.pki.kubelet.cert_pem,
+            key_pem: &s.pki.kubelet.key_pem,
+        },
+    )
+    .unwrap();
+    // Online, kubectl reads discovery only (no pod or node of its own is cached).
+    kubectl_ok(&kc, &["api-resources"]);
+    s.cloud_down(&hub);
+    let listed = kubectl_ok(
+        &kc,
+        &[
+            "get",
+            "pods",
+            "-A",
+            "--field-selector",
+            "spec.nodeName=node-0",
+            "-o",
+            "json",
+        ],
+    );
+    let listed = json_objects(listed.as_bytes());
+    assert_eq!(
+        listed.keys().collect::<Vec<_>>(),
+        cloud_pods.keys().collect::<Vec<_>>()
+    );
+    for (key, pod) in &listed {
+        // kubectl lists as a List of items with their kind and apiVersion filled in.
+        let mut pod = pod.clone();
+        let mut want = cloud_pods[key].clone();
+        for o in [&mut pod, &mut want] {
+            o.as_object_mut().unwrap().remove("kind");
+            o.as_object_mut().unwrap().remove("apiVersion");
+        }
+        assert_eq!(
+            pod, want,
+            "{key}: converted on the node differs from the cloud's JSON"
+        );
+    }
+    let (ok, node, err) = kubectl(&kc, &["get", "node", "node-0", "-o", "json"]);
+    assert!(ok, "{err}");
+    assert_eq!(json_objects(node.as_bytes()), cloud_node);
+    // Raw, as any JSON client: a 200 in JSON, from the cache.
+    let raw = Client::new(s.hub_addr(), s.ca.cert_der(), None, Some(&s.pki.kubelet))
+        .request("GET", "/api/v1/nodes/node-0", &json, &[])
+        .unwrap();
+    assert_eq!(raw.status, 200, "{}", String::from_utf8_lossy(&raw.body));
+    assert!(
+        raw.header("content-type")
+            .is_some_and(|c| c.starts_with("application/json"))
+    );
+    assert_eq!(json_objects(&raw.body), cloud_node);
 }

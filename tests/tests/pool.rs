@@ -128,15 +128,34 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
         all_six.contains(&"/registry/pods/default/pod-0-0".to_string()),
         "{all_six:?}"
     );
-    // Node 0's protobuf pods went to the pool in their JSON form, fetched from the cloud.
-    let c = nodes[0].hub.status()["coordinator"].clone();
-    assert!(c["json_fetched"].as_u64() >= Some(3), "{c}");
-    assert_eq!(c["pushed_as_protobuf"], 0, "{c}");
+    // Both nodes' pods are in the pool in kube-apiserver's storage encoding: node 0's
+    // protobuf as it came, node 1's JSON converted on the node. The push asked the cloud
+    // for no pod.
+    for (key, value) in etcd_dump(&etcd, &["/registry/pods/", "--prefix"]) {
+        assert!(value.starts_with(b"k8s\0"), "{key} is not protobuf");
+    }
+    let c = nodes[1].hub.status()["coordinator"].clone();
+    assert!(c["converted_for_storage"].as_u64() >= Some(3), "{c}");
+    assert_eq!(c["stored_as_json"], 0, "{c}");
+    let pod_gets: Vec<String> = cloud
+        .audit()
+        .into_iter()
+        .filter(|e| {
+            e.method == "GET"
+                && e.path.starts_with("/api/v1/namespaces/")
+                && e.path.contains("/pods/")
+        })
+        .map(|e| format!("{} {}", e.user, e.path))
+        .collect();
     assert!(
-        nodes[0]
+        pod_gets.is_empty(),
+        "the cloud was asked for pods: {pod_gets:?}"
+    );
+    assert!(
+        nodes[1]
             .hub
             .admin_get("/metrics")
-            .contains("hub_coordinator_json_fetched_total"),
+            .contains("hub_coordinator_converted_for_storage_total"),
     );
 
     // A pod deleted in the cloud leaves node 0's cache at its next list, then the pool.
@@ -950,12 +969,12 @@ fn pushes_that_fail_never_stop_the_pools_reads() {
 }
 
 /// Every key a hub writes under the prefix is one kube-apiserver's storage would read:
-/// the key shape of its layout for the resource, and a value that is JSON with the
-/// resource's apiVersion and kind or the `k8s\0` protobuf envelope of one, naming the
-/// object the key names. The hub's own keys all stay outside the prefix.
+/// the key shape of its layout for the resource, and a value in its storage encoding — for
+/// these built-in kinds the `k8s\0` protobuf envelope with the resource's apiVersion and
+/// kind, whether the node read it in protobuf or JSON — naming the object the key names.
+/// The hub's own keys all stay outside the prefix.
 #[test]
 fn every_key_under_the_prefix_is_one_kube_apiserver_would_read() {
-    use base64::Engine;
     use k8s_pb::apimachinery::pkg::{apis::meta::v1::ObjectMeta, runtime::Unknown};
     use prost::Message;
 
@@ -1028,30 +1047,8 @@ fn every_key_under_the_prefix_is_one_kube_apiserver_would_read() {
         "/registry/services/endpoints/default/web",
         "/registry/endpointslices/default/web-abc12",
     ];
-    let dump = || -> Vec<(String, Vec<u8>)> {
-        let out = etcd
-            .etcdctl(&etcd.endpoints(), &["get", "", "--from-key", "-w", "json"])
-            .unwrap();
-        let v: Value = serde_json::from_str(&out).unwrap();
-        let b64 = |s: &Value| {
-            base64::engine::general_purpose::STANDARD
-                .decode(s.as_str().unwrap_or_default())
-                .unwrap()
-        };
-        v["kvs"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|kv| {
-                (
-                    String::from_utf8(b64(&kv["key"])).unwrap(),
-                    b64(&kv["value"]),
-                )
-            })
-            .collect()
-    };
     let kvs = wait_for("every object pushed", Duration::from_secs(30), || {
-        let kvs = dump();
+        let kvs = etcd_dump(&etcd, &["", "--from-key"]);
         expected
             .iter()
             .all(|k| kvs.iter().any(|(key, _)| key == k))
@@ -1095,18 +1092,12 @@ fn every_key_under_the_prefix_is_one_kube_apiserver_would_read() {
                 .metadata
                 .unwrap_or_default()
         } else {
-            let v: Value = serde_json::from_slice(value)
-                .unwrap_or_else(|e| panic!("{key}: neither protobuf nor JSON: {e}"));
-            assert_eq!(
-                (v["apiVersion"].as_str(), v["kind"].as_str()),
-                (Some(api_version), Some(kind)),
-                "{key}"
+            // Every kind here is built in: kube-apiserver keeps those in protobuf, whatever
+            // encoding the node's clients read them in (the ConfigMap was read as JSON).
+            panic!(
+                "{key}: not kube-apiserver's storage encoding (protobuf): {}",
+                String::from_utf8_lossy(&value[..value.len().min(80)])
             );
-            ObjectMeta {
-                name: v["metadata"]["name"].as_str().map(String::from),
-                namespace: v["metadata"]["namespace"].as_str().map(String::from),
-                ..Default::default()
-            }
         };
         assert_eq!(meta.name.as_deref(), Some(name), "{key}");
         assert_eq!(meta.namespace.as_deref().unwrap_or(""), ns, "{key}");
@@ -1228,4 +1219,30 @@ fn a_node_s_lease_stays_on_the_node_by_default() {
         Vec::<String>::new(),
         "the node's lease is in the pool"
     );
+}
+
+/// Every key and value etcdctl gets with `args` (`[prefix, "--prefix"]` or `["", "--from-key"]`).
+fn etcd_dump(etcd: &EtcdCluster, args: &[&str]) -> Vec<(String, Vec<u8>)> {
+    use base64::Engine;
+    let mut all = vec!["get"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-w", "json"]);
+    let out = etcd.etcdctl(&etcd.endpoints(), &all).unwrap();
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let b64 = |s: &Value| {
+        base64::engine::general_purpose::STANDARD
+            .decode(s.as_str().unwrap_or_default())
+            .unwrap()
+    };
+    v["kvs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|kv| {
+            (
+                String::from_utf8(b64(&kv["key"])).unwrap(),
+                b64(&kv["value"]),
+            )
+        })
+        .collect()
 }

@@ -30,6 +30,7 @@ GROUPS = {
     "node/v1": "node.k8s.io/v1",
     "policy/v1": "policy/v1",
     "rbac/v1": "rbac.authorization.k8s.io/v1",
+    "resource/v1": "resource.k8s.io/v1",
     "scheduling/v1": "scheduling.k8s.io/v1",
     "storage/v1": "storage.k8s.io/v1",
 }

@@ -199,6 +199,14 @@ impl Cache {
             }
             Err(e) => return Err(e),
         };
+        // Conversions write the JSON of the cloud's version, as last seen.
+        if let Some((_, version)) = store
+            .raw("/version")
+            .ok()
+            .and_then(|v| v.into_iter().next())
+        {
+            crate::convert::note_server_version(&version);
+        }
         let store = Arc::new(store);
         let stats = Arc::new(Stats::default());
         if let Some(n) = &note {

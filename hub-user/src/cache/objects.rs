@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::scan;
-use crate::kproto;
+use crate::{convert, kproto};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -74,6 +74,78 @@ pub fn with_resource_version(enc: Encoding, body: &[u8], rv: &str) -> Option<Vec
 }
 
 impl Item {
+    /// This object in the other encoding (hub::convert), or why it cannot be.
+    pub fn converted(&self, to: Encoding) -> Result<Item, convert::ConvertError> {
+        let body = match (self.encoding, to) {
+            (Encoding::Json, Encoding::Json) | (Encoding::Protobuf, Encoding::Protobuf) => {
+                self.body.clone()
+            }
+            (Encoding::Protobuf, Encoding::Json) => convert::message_to_json(
+                &self.api_version,
+                &self.kind,
+                &self.body,
+                convert::server_style(),
+            )?,
+            (Encoding::Json, Encoding::Protobuf) => {
+                let enveloped = convert::to_protobuf(&self.body)?;
+                kproto::unwrap(&enveloped)
+                    .ok_or(convert::ConvertError::NotProtobuf)?
+                    .raw
+                    .to_vec()
+            }
+        };
+        Ok(Item {
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+            rv: self.rv,
+            labels: self.labels.clone(),
+            fields: self.fields.clone(),
+            api_version: self.api_version.clone(),
+            kind: self.kind.clone(),
+            encoding: to,
+            body,
+        })
+    }
+
+    /// This object in `enc`: itself, or converted (None, with a warning, when it cannot be).
+    pub fn in_encoding(&self, enc: Encoding) -> Option<Cow<'_, Item>> {
+        if self.encoding == enc {
+            return Some(Cow::Borrowed(self));
+        }
+        match self.converted(enc) {
+            Ok(item) => Some(Cow::Owned(item)),
+            Err(e) => {
+                tracing::warn!(
+                    "{}/{}: not converted to {}: {e}",
+                    self.namespace,
+                    self.name,
+                    enc.content_type()
+                );
+                None
+            }
+        }
+    }
+
+    /// Whether `in_encoding(enc)` can give this object: held so, or of a kind with a schema.
+    pub fn can_be(&self, enc: Encoding) -> bool {
+        self.encoding == enc || convert::has_schema(&self.api_version, &self.kind)
+    }
+
+    /// This object as kube-apiserver keeps it in etcd: protobuf for the kinds with a schema,
+    /// JSON for the rest (custom resources). A JSON object that does not convert is kept as
+    /// it is (and said so: the Err carries why, beside the object).
+    pub fn for_storage(self) -> (Item, Option<convert::ConvertError>) {
+        if self.encoding == Encoding::Protobuf
+            || !convert::has_schema(&self.api_version, &self.kind)
+        {
+            return (self, None);
+        }
+        match self.converted(Encoding::Protobuf) {
+            Ok(item) => (item, None),
+            Err(e) => (self, Some(e)),
+        }
+    }
+
     /// The object as a client (or etcd) receives it: the JSON body, or the protobuf
     /// message in its `k8s\0` envelope.
     pub fn encoded(&self) -> Vec<u8> {

@@ -4,6 +4,7 @@
 //! it. What the cache cannot answer truthfully is an `Err` naming why; the proxy turns it
 //! into a 503 Status. Every answer carries a Warning header saying where it came from.
 use std::{
+    borrow::Cow,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -27,7 +28,7 @@ use super::{
 };
 use crate::{
     body::{BodyError, ProxyBody},
-    kproto,
+    convert, kproto,
     kproto::StatusDetails,
     proxy::{
         forward::{status, status_about},
@@ -129,10 +130,33 @@ struct Latest {
 }
 
 impl Latest {
-    fn pick(&self, enc: Encoding) -> Option<&Item> {
+    fn copies(&self, enc: Encoding) -> (Option<&Item>, Option<&Item>) {
         match enc {
-            Encoding::Json => self.json.as_ref(),
-            Encoding::Protobuf => self.protobuf.as_ref(),
+            Encoding::Json => (self.json.as_ref(), self.protobuf.as_ref()),
+            Encoding::Protobuf => (self.protobuf.as_ref(), self.json.as_ref()),
+        }
+    }
+
+    /// Whether `pick(enc)` has an object to give: a copy in `enc`, or one of a kind
+    /// hub::convert can turn into `enc`.
+    fn can_give(&self, enc: Encoding) -> bool {
+        match self.copies(enc) {
+            (Some(_), _) => true,
+            (None, Some(other)) => other.can_be(enc),
+            (None, None) => false,
+        }
+    }
+
+    /// The freshest copy in `enc`: as held, or converted from the other encoding when that
+    /// copy is newer or the only one (what the kubelet cached in protobuf, for kubectl).
+    fn pick(&self, enc: Encoding) -> Option<Cow<'_, Item>> {
+        match self.copies(enc) {
+            (Some(own), Some(other)) if other.rv > own.rv && other.can_be(enc) => {
+                Some(other.in_encoding(enc).unwrap_or(Cow::Borrowed(own)))
+            }
+            (Some(own), _) => Some(Cow::Borrowed(own)),
+            (None, Some(other)) => other.in_encoding(enc),
+            (None, None) => None,
         }
     }
 }
@@ -211,8 +235,18 @@ fn live_and_selected<'a>(objects: &'a [Latest], sel: &Selector) -> Vec<&'a Lates
 /// there is none, the answer would leave objects out: the cache says so instead of
 /// passing off a partial (or empty) answer as whole.
 fn whole_in_one_encoding(objects: &[&Latest], prefs: &[Encoding]) -> Result<Encoding, String> {
-    held_whole(prefs, |e| {
-        objects.iter().filter(|l| l.pick(e).is_none()).count()
+    held_whole(prefs, |e| objects.iter().filter(|l| !l.can_give(e)).count()).map_err(|e| {
+        // Name the kind that could not be converted (a custom resource, or a group this hub
+        // has no schema for).
+        let no_schema = objects.iter().find_map(|l| {
+            let held = l.json.as_ref().or(l.protobuf.as_ref())?;
+            (!convert::has_schema(&held.api_version, &held.kind))
+                .then(|| format!("{} {}", held.api_version, held.kind))
+        });
+        match no_schema {
+            Some(kind) => format!("{e}; {kind} has no schema in this hub to convert it"),
+            None => e,
+        }
     })
 }
 
@@ -651,7 +685,7 @@ fn render_list(
         next,
         remaining,
     };
-    let body = list_body(enc, &page, &items);
+    let body = list_body(enc, &page, &items)?;
     let resp = respond(source, enc.content_type(), body, None);
     if objects.len() >= LARGE_LIST {
         // The decoded records of a large list are freed now; hand the memory back rather
@@ -675,11 +709,23 @@ struct Page {
     remaining: Option<u64>,
 }
 
-/// A list answer's bytes in `enc`: the list's own metadata around the kept item bytes.
-fn list_body(enc: Encoding, page: &Page, items: &[&Latest]) -> Vec<u8> {
-    let bodies = items
+/// A list answer's bytes in `enc`: the list's own metadata around the kept (or converted)
+/// item bytes.
+fn list_body(enc: Encoding, page: &Page, items: &[&Latest]) -> Result<Vec<u8>, String> {
+    let picked = items
         .iter()
-        .map(|l| l.pick(enc).expect("filtered above").body.as_slice());
+        .map(|l| {
+            l.pick(enc).ok_or_else(|| {
+                format!(
+                    "{}/{} could not be converted to {}",
+                    l.key.namespace,
+                    l.key.name,
+                    enc.content_type()
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let bodies = picked.iter().map(|item| item.body.as_slice());
     match enc {
         Encoding::Json => {
             let mut meta = serde_json::json!({"resourceVersion": page.rv.to_string()});
@@ -701,12 +747,12 @@ fn list_body(enc: Encoding, page: &Page, items: &[&Latest]) -> Vec<u8> {
                 out.extend_from_slice(body);
             }
             out.extend_from_slice(b"]}");
-            out
+            Ok(out)
         }
         Encoding::Protobuf => {
             let raw =
                 kproto::list_message(&page.rv.to_string(), &page.next, page.remaining, bodies);
-            kproto::envelope(&page.api_version, &page.list_kind, &raw)
+            Ok(kproto::envelope(&page.api_version, &page.list_kind, &raw))
         }
     }
 }
@@ -875,8 +921,12 @@ fn initial_events(
             continue;
         }
         let Some(item) = l.pick(enc) else { continue };
-        if sel.matches_item(item) {
-            first.push(event(enc, if initial { "ADDED" } else { "MODIFIED" }, item));
+        if sel.matches_item(&item) {
+            first.push(event(
+                enc,
+                if initial { "ADDED" } else { "MODIFIED" },
+                &item,
+            ));
         }
     }
     // As kube-apiserver: the end is marked only for a client that takes bookmarks.
@@ -937,72 +987,90 @@ mod tests {
         assert_eq!(v["metadata"]["resourceVersion"], "7");
     }
 
-    /// The pool holds pods pushed as JSON by one hub and as protobuf by another: a client
-    /// that takes only JSON is refused with the count left out (never a partial list),
-    /// one that takes both gets all of them in the encoding that holds them all, if any.
+    /// The pool holds pods pushed as JSON by one hub and as protobuf by another: each client
+    /// gets all of them in the first encoding it takes, converted where held in the other.
+    /// A kind with no schema to convert is refused with the count left out and the kind
+    /// named (never a partial list).
     #[test]
-    fn a_list_that_would_leave_objects_out_is_refused() {
-        let pod = |name: &str, encoding: Encoding| Item {
+    fn a_list_held_in_two_encodings_is_answered_whole_or_refused_naming_why() {
+        let item = |name: &str, encoding: Encoding, api_version: &str, kind: &str| Item {
             name: name.into(),
             namespace: "default".into(),
             rv: 5,
             labels: vec![],
             fields: vec![],
-            api_version: "v1".into(),
-            kind: "Pod".into(),
+            api_version: api_version.into(),
+            kind: kind.into(),
             encoding,
             body: match encoding {
                 Encoding::Json => serde_json::to_vec(&serde_json::json!({
-                    "apiVersion": "v1", "kind": "Pod",
+                    "apiVersion": api_version, "kind": kind,
                     "metadata": {"name": name, "namespace": "default", "resourceVersion": "5"},
                 }))
                 .unwrap(),
-                Encoding::Protobuf => vec![0x0a, 0x00],
+                // ObjectMeta { name, namespace, resourceVersion }
+                Encoding::Protobuf => {
+                    let mut meta = Vec::new();
+                    kproto::put_bytes(&mut meta, 1, name.as_bytes());
+                    kproto::put_bytes(&mut meta, 3, b"default");
+                    kproto::put_bytes(&mut meta, 6, b"5");
+                    let mut raw = Vec::new();
+                    kproto::put_bytes(&mut raw, 1, &meta);
+                    raw
+                }
             },
         };
+        let pod = |name: &str, encoding: Encoding| item(name, encoding, "v1", "Pod");
         let info = RequestInfo::parse(&hyper::Method::GET, "/api/v1/pods", "");
         let mixed = vec![
             pod("a", Encoding::Json),
             pod("b", Encoding::Protobuf),
             pod("c", Encoding::Protobuf),
         ];
+        for (accept, content_type) in [
+            ("application/json", "application/json"),
+            (
+                "application/vnd.kubernetes.protobuf,application/json",
+                "application/vnd.kubernetes.protobuf",
+            ),
+        ] {
+            let resp = answer_from(FROM_COORDINATOR, mixed.clone(), 9, &info, "", accept)
+                .unwrap_or_else(|e| panic!("{accept}: {e}"));
+            assert_eq!(resp.headers()[header::CONTENT_TYPE], content_type);
+            let body = body_of(resp);
+            let names: Vec<String> = if content_type == "application/json" {
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                v["items"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+                    .collect()
+            } else {
+                let list = kproto::split_list(kproto::unwrap(&body).unwrap().raw).unwrap();
+                list.items
+                    .iter()
+                    .map(|i| kproto::object_identity(i).unwrap().0.to_string())
+                    .collect()
+            };
+            assert_eq!(names, ["a", "b", "c"], "{accept}");
+        }
+
+        let widgets = RequestInfo::parse(&hyper::Method::GET, "/apis/example.com/v1/widgets", "");
+        let widget = |name: &str| item(name, Encoding::Protobuf, "example.com/v1", "Widget");
         let refused = answer_from(
             FROM_COORDINATOR,
-            mixed.clone(),
+            vec![widget("w1"), widget("w2")],
             9,
-            &info,
+            &widgets,
             "",
             "application/json",
         )
         .unwrap_err();
         assert!(
-            refused.contains("2 are held only in another encoding than application/json"),
+            refused.contains("2 are held only in another encoding than application/json")
+                && refused.contains("example.com/v1 Widget has no schema"),
             "{refused}"
-        );
-        let refused = answer_from(
-            FROM_COORDINATOR,
-            mixed,
-            9,
-            &info,
-            "",
-            "application/vnd.kubernetes.protobuf,application/json",
-        )
-        .unwrap_err();
-        assert!(refused.contains("1 are held only"), "{refused}");
-        // All held as protobuf: a client that prefers JSON but takes protobuf gets them.
-        let all_pb = vec![pod("b", Encoding::Protobuf), pod("c", Encoding::Protobuf)];
-        let resp = answer_from(
-            FROM_COORDINATOR,
-            all_pb,
-            9,
-            &info,
-            "",
-            "application/json,application/vnd.kubernetes.protobuf",
-        )
-        .unwrap();
-        assert_eq!(
-            resp.headers()[header::CONTENT_TYPE],
-            "application/vnd.kubernetes.protobuf"
         );
     }
 

@@ -651,11 +651,17 @@ fn prepare(
         Op::Whole { target, body, .. } => {
             let whole = || concat(body.clone());
             match &target.kind {
-                TargetKind::Raw { path, content_type } => Ok(vec![Write::Raw {
-                    path: path.clone(),
-                    content_type: content_type.clone(),
-                    body: whole().to_vec(),
-                }]),
+                TargetKind::Raw { path, content_type } => {
+                    let body = whole().to_vec();
+                    if path == "/version" {
+                        crate::convert::note_server_version(&body);
+                    }
+                    Ok(vec![Write::Raw {
+                        path: path.clone(),
+                        content_type: content_type.clone(),
+                        body,
+                    }])
+                }
                 TargetKind::Object => {
                     let item = objects::parse_object(&target.resource, target.encoding, &whole())
                         .map_err(|e| err(&target, e))?;

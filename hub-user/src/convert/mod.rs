@@ -15,7 +15,7 @@ mod to_protobuf;
 use schema::Message;
 use std::collections::HashSet;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConvertError {
@@ -50,6 +50,43 @@ impl Default for Style {
     fn default() -> Self {
         Style::for_minor(u32::MAX)
     }
+}
+
+/// The cloud's minor version, from its last `/version` answer (0: not seen yet).
+static SERVER_MINOR: AtomicU32 = AtomicU32::new(0);
+
+/// Notes the cloud's version from a `/version` answer (`{"major":"1","minor":"32+",…}`), so
+/// conversions write that version's JSON.
+pub fn note_server_version(body: &[u8]) {
+    let minor = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| {
+            let m = v.get("minor")?.as_str()?;
+            m.trim_end_matches('+').parse::<u32>().ok()
+        });
+    if let Some(m) = minor {
+        SERVER_MINOR.store(m, Ordering::Relaxed);
+    }
+}
+
+/// The JSON style of the cloud this hub last saw, the current one before it saw any.
+pub fn server_style() -> Style {
+    match SERVER_MINOR.load(Ordering::Relaxed) {
+        0 => Style::default(),
+        m => Style::for_minor(m),
+    }
+}
+
+/// A protobuf object's message bytes (no envelope) as JSON.
+pub fn message_to_json(
+    api_version: &str,
+    kind: &str,
+    raw: &[u8],
+    style: Style,
+) -> Result<Vec<u8>, ConvertError> {
+    let mut out = String::with_capacity(raw.len() * 2);
+    object_json(api_version, kind, raw, &mut out, style)?;
+    Ok(out.into_bytes())
 }
 
 /// Every kind with a schema.

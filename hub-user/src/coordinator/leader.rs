@@ -18,7 +18,7 @@ use http_body_util::BodyExt;
 use tokio::sync::watch;
 
 use super::{
-    json_copies::get_as_node,
+    cloud_get::get_as_node,
     storage::{Object, Resource, Storage, StorageError, resource_of, split_gvr},
 };
 use crate::{
@@ -57,12 +57,17 @@ fn api_path(gvr: &str) -> Option<String> {
     })
 }
 
+/// An object as the coordinator keeps it: in kube-apiserver's storage encoding.
 fn object(i: &Item) -> Object {
+    let (stored, not_converted) = i.clone().for_storage();
+    if let Some(e) = not_converted {
+        tracing::warn!("{}/{}: stored as JSON: {e}", i.namespace, i.name);
+    }
     Object {
-        namespace: (!i.namespace.is_empty()).then(|| i.namespace.clone()),
-        name: i.name.clone(),
-        rv: i.rv,
-        value: i.encoded(),
+        namespace: (!stored.namespace.is_empty()).then(|| stored.namespace.clone()),
+        value: stored.encoded(),
+        name: stored.name,
+        rv: stored.rv,
     }
 }
 

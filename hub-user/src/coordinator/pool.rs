@@ -12,7 +12,7 @@
 //! (`gc`, fed by each hub's membership key and set records), and followers read the
 //! pool-scope resources from the coordinator while the cloud is up (`watch` for watches).
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     sync::{
         Arc, Mutex, OnceLock,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -29,7 +29,6 @@ use super::{
     election::{Election, Lease},
     endpoints,
     gc::{self, GcStatus},
-    json_copies::{self, ForPush, JsonCopies},
     leader,
     owned::Owned,
     storage::{self, Limits, Object, Resource, Storage, resource_of},
@@ -39,7 +38,7 @@ use crate::{
     body::ProxyBody,
     cache::{
         Cache,
-        objects::Item,
+        objects::{Encoding, Item},
         serve::{FROM_COORDINATOR, FROM_POOL_LEADER, answer_from},
         store::{self, ObjectKey, Record},
     },
@@ -90,15 +89,13 @@ pub struct PoolStatus {
     #[serde(default)]
     pub stale_dropped: u64,
     pub last_push_ms: u64,
-    /// JSON forms of protobuf objects fetched from the cloud for pushes; objects it would
-    /// not give (gone, forbidden); objects pushed in protobuf all the same (the cloud was
-    /// down, or refused) — JSON-only clients of the pool do not see those.
+    /// Objects held in JSON converted to protobuf for the coordinator (kube-apiserver's
+    /// storage encoding), and objects pushed in JSON: kinds with no schema (custom
+    /// resources) or JSON that would not convert. Nothing is asked of the cloud for a push.
     #[serde(default)]
-    pub json_fetched: u64,
+    pub converted_for_storage: u64,
     #[serde(default)]
-    pub json_refused: u64,
-    #[serde(default)]
-    pub pushed_as_protobuf: u64,
+    pub stored_as_json: u64,
     /// As leader: complete lists of pool-scope resources written, watch events applied,
     /// events older than what the coordinator held (dropped).
     #[serde(default)]
@@ -459,7 +456,6 @@ impl Pool {
     async fn sync_once(
         &self,
         cache: &Cache,
-        json: &JsonCopies,
         pushed: &mut HashMap<(String, String), Fingerprint>,
         life: &mut Option<(String, u64)>,
         seen_generation: &mut Option<(u64, Instant)>,
@@ -522,13 +518,8 @@ impl Pool {
             sets.entry(k.clone()).or_default();
         }
         let not_pushed = &self.config.coordinator.not_pushed;
-        let held: HashSet<_> = sets
-            .iter()
-            .filter(|((_, gvr), _)| !not_pushed.contains(gvr))
-            .flat_map(|((_, gvr), set)| set.live.iter().map(|i| json_copies::id(gvr, i)))
-            .collect();
         let started = Instant::now();
-        let (mut pushed_now, mut retry) = (false, None);
+        let mut pushed_now = false;
         let (pool, node) = (self.pool_name(), self.config.node_name.clone());
         for ((component, gvr), mut set) in sets {
             if not_pushed.contains(&gvr) {
@@ -551,20 +542,9 @@ impl Pool {
             let Some(resource) = resource_of(&gvr) else {
                 continue;
             };
-            // What JSON-only clients can read, where the cloud can give it.
-            let live = match json.for_push(&gvr, set.live).await {
-                ForPush::Ready(ready) => {
-                    let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
-                    s.json_fetched += ready.fetched;
-                    s.json_refused += ready.refused;
-                    s.pushed_as_protobuf += ready.protobuf;
-                    ready.items
-                }
-                ForPush::Retry(e) => {
-                    retry = Some(e);
-                    continue;
-                }
-            };
+            // In kube-apiserver's storage encoding, converted here: every client of the pool
+            // gets its own encoding from it, and the cloud is asked for nothing.
+            let live = self.for_storage(set.live);
             let as_objects = |items: &[Item]| -> Vec<Object> {
                 items
                     .iter()
@@ -602,14 +582,34 @@ impl Pool {
             s.last_push_ms = started.elapsed().as_millis() as u64;
             s.last_error = None;
         }
-        json.keep_only(&held);
-        match retry {
-            // A cloud hiccup, not the coordinator's: shown, and not marked as seen, so the
-            // next round reads the cache again and retries.
-            Some(e) => self.note_error(format!("pushing later: {e}")),
-            None => *seen_generation = Some((generation, Instant::now())),
-        }
+        *seen_generation = Some((generation, Instant::now()));
         Ok(())
+    }
+
+    /// `items` in kube-apiserver's storage encoding (protobuf where a schema converts
+    /// them), counted in the status.
+    fn for_storage(&self, items: Vec<Item>) -> Vec<Item> {
+        let (mut converted, mut json) = (0, 0);
+        let out = items
+            .into_iter()
+            .map(|i| {
+                let was = i.encoding;
+                let (stored, not_converted) = i.for_storage();
+                if let Some(e) = not_converted {
+                    tracing::warn!("{}/{}: pushed as JSON: {e}", stored.namespace, stored.name);
+                }
+                if stored.encoding == Encoding::Json {
+                    json += 1;
+                } else if was == Encoding::Json {
+                    converted += 1;
+                }
+                stored
+            })
+            .collect();
+        let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        s.converted_for_storage += converted;
+        s.stored_as_json += json;
+        out
     }
 
     /// Whether this hub leads the pool (it competes while the cloud and the coordinator
@@ -626,7 +626,6 @@ impl Pool {
         cloud: Arc<Cloud>,
         mut stop: watch::Receiver<bool>,
     ) {
-        let json = JsonCopies::new(cloud.clone());
         let mut backoff = Duration::from_millis(200);
         // Hubs of a pool start together after a power cut: spread their first push.
         let jitter = Duration::from_millis(u64::from(store::now() as u32 % 500));
@@ -686,7 +685,7 @@ impl Pool {
                 None => Ok(()),
             };
             match result.and(
-                self.sync_once(&cache, &json, &mut pushed, &mut life, &mut generation)
+                self.sync_once(&cache, &mut pushed, &mut life, &mut generation)
                     .await,
             ) {
                 Ok(()) => self.pushes_ok(),
@@ -836,7 +835,6 @@ impl leader::Leads for Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::objects::Encoding;
 
     fn record(gvr: &str, name: &str, deleted: bool, left_selection: bool) -> (ObjectKey, Record) {
         let item = Item {

@@ -103,9 +103,7 @@ pub async fn serve(
         .collect();
     // One encoding must carry every selected object, or the watch would miss some.
     let selected: Vec<&Item> = items.iter().filter(|i| sel.matches_item(i)).collect();
-    let enc = held_whole(&prefs, |e| {
-        selected.iter().filter(|i| i.encoding != e).count()
-    })?;
+    let enc = held_whole(&prefs, |e| selected.iter().filter(|i| !i.can_be(e)).count())?;
     let feed = Feed {
         enc,
         api_version: api_version(info),
@@ -164,9 +162,16 @@ impl Feed {
         let send_initial = param(query, "sendInitialEvents") == "true";
         let initial = from == 0 || send_initial;
         let mut first = Vec::new();
-        for item in items.iter().filter(|i| i.encoding == enc) {
+        for item in items {
             if (initial || item.rv > from) && self.sel.matches_item(item) {
-                first.push(event(enc, if initial { "ADDED" } else { "MODIFIED" }, item));
+                let Some(item) = item.in_encoding(enc) else {
+                    continue;
+                };
+                first.push(event(
+                    enc,
+                    if initial { "ADDED" } else { "MODIFIED" },
+                    &item,
+                ));
             }
         }
         if !initial {
@@ -231,12 +236,11 @@ impl Feed {
                 let Some((ty, item)) = self.change(ev).await else {
                     continue;
                 };
-                // An object stored in another encoding than this stream's cannot be sent
-                // in it: end the watch rather than let the client miss the change (its
-                // next list says what is held in which encoding).
-                if item.encoding != self.enc {
+                // An object that cannot be sent in this stream's encoding: end the watch
+                // rather than let the client miss the change (its next list says why).
+                let Some(item) = item.in_encoding(self.enc) else {
                     return;
-                }
+                };
                 self.newest = self.newest.max(item.rv);
                 if tx.send(event(self.enc, ty, &item)).await.is_err() {
                     return;
