@@ -60,6 +60,11 @@ enum Command {
     /// in-cluster names, the kubernetes Service IPs and VIPs); deny the rest with the reason
     /// on the CSR. Reaches the apiserver in-cluster by default.
     Approver(ApproverArgs),
+    /// Convert one Kubernetes object or list between protobuf and JSON, as the
+    /// hub does for its clients: e.g. a value of the coordinator's etcd
+    /// (`etcdctl get /registry/pods/NS/NAME --print-value-only | hub convert`). Reads FILE or
+    /// stdin; protobuf (it starts with `k8s\0`) becomes JSON, JSON becomes protobuf.
+    Convert(ConvertArgs),
     /// Detach every program the hub attached, remove every pin it made and the hub address
     /// holder it created (hub0, or lo:hub addresses). Safe to run twice.
     Uninstall {
@@ -296,6 +301,7 @@ pub fn main() -> ExitCode {
             init_tracing("info");
             with_runtime(approver(args))
         }
+        Command::Convert(args) => convert(args),
         Command::Uninstall { pin_path } => print_result(
             intercept::uninstall(&pin_path)
                 .map(|u| {
@@ -309,6 +315,73 @@ pub fn main() -> ExitCode {
                 })
                 .map_err(|e| format!("uninstall: {e}")),
         ),
+    }
+}
+
+#[derive(Args)]
+struct ConvertArgs {
+    /// The object to convert (default: stdin).
+    file: Option<PathBuf>,
+    /// Write the JSON of this kube-apiserver minor version (1.34 and later leave a zero
+    /// creationTimestamp out); default: the current one.
+    #[arg(long)]
+    server_minor: Option<u32>,
+    /// Convert this many times and print the mean time per conversion on stderr (what a
+    /// conversion costs on this node).
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
+}
+
+fn convert(args: ConvertArgs) -> ExitCode {
+    use std::io::{Read, Write};
+    let mut input = Vec::new();
+    let read = match &args.file {
+        Some(path) => std::fs::read(path).map(|b| input = b),
+        None => std::io::stdin().read_to_end(&mut input).map(drop),
+    };
+    if let Err(e) = read {
+        eprintln!("hub: reading the input: {e}");
+        return ExitCode::FAILURE;
+    }
+    let style = args.server_minor.map_or_else(
+        crate::convert::Style::default,
+        crate::convert::Style::for_minor,
+    );
+    let once = || {
+        if input.starts_with(crate::kproto::MAGIC) {
+            crate::convert::to_json(&input, style)
+        } else {
+            crate::convert::to_protobuf(&input)
+        }
+    };
+    let started = std::time::Instant::now();
+    let mut out = once();
+    for _ in 1..args.repeat {
+        out = once();
+    }
+    if args.repeat > 1 {
+        eprintln!(
+            "{:.2} us per conversion ({} conversions)",
+            started.elapsed().as_secs_f64() * 1e6 / f64::from(args.repeat),
+            args.repeat
+        );
+    }
+    match out {
+        Ok(bytes) => {
+            let mut stdout = std::io::stdout().lock();
+            if stdout
+                .write_all(&bytes)
+                .and_then(|()| stdout.flush())
+                .is_err()
+            {
+                return ExitCode::FAILURE;
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("hub: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -149,3 +149,64 @@ fn check_warns_when_interception_would_reach_the_whole_host() {
         "no warning below the root"
     );
 }
+
+/// `hub convert`: a recorded protobuf pod (from stdin, as etcdctl pipes a value) becomes the
+/// JSON kube-apiserver wrote for it; that JSON (from a file) becomes protobuf that converts
+/// back to it; what is neither is refused in one line.
+#[test]
+fn convert_turns_a_recorded_pod_into_the_apiserver_s_json_and_back() {
+    use std::io::Write;
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/wire/kube-apiserver-1.36");
+    let pb = std::fs::read(dir.join("dual-pod-protobuf/response.body")).unwrap();
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("dual-pod-json/response.body")).unwrap())
+            .unwrap();
+    let mut child = Command::new(hub_bin())
+        .args(["convert", "--server-minor", "36"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&pb).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json, recorded);
+
+    let tmp = TempDir::new("convert");
+    let file = tmp.path().join("pod.json");
+    std::fs::write(&file, serde_json::to_vec(&recorded).unwrap()).unwrap();
+    let out = Command::new(hub_bin())
+        .arg("convert")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(out.stdout.starts_with(b"k8s\0"), "protobuf out");
+    let back = tmp.path().join("pod.pb");
+    std::fs::write(&back, &out.stdout).unwrap();
+    let out = Command::new(hub_bin())
+        .args(["convert", "--server-minor", "36"])
+        .arg(&back)
+        .output()
+        .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap(),
+        recorded
+    );
+
+    std::fs::write(
+        &file,
+        b"{\"apiVersion\":\"example.com/v1\",\"kind\":\"Widget\"}",
+    )
+    .unwrap();
+    let out = Command::new(hub_bin())
+        .arg("convert")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("example.com/v1 Widget has no schema"), "{err}");
+}

@@ -1246,3 +1246,115 @@ fn etcd_dump(etcd: &EtcdCluster, args: &[&str]) -> Vec<(String, Vec<u8>)> {
         })
         .collect()
 }
+
+/// A hub in a pool answers its kubelet's 1000-pod protobuf list; the push that follows asks
+/// the cloud for none of those pods (counted per user by the cloud), the coordinator holds
+/// them in protobuf, and with the cloud gone kubectl (JSON only) on the node lists all 1000
+/// from the hub, converted there.
+#[test]
+fn a_1000_pod_protobuf_list_reaches_the_pool_without_a_cloud_get_and_kubectl_reads_it_offline() {
+    const PODS: usize = 1000;
+    let etcd = EtcdCluster::start(1);
+    let (ca, cloud) = cloud();
+    let store = &cloud.state.store;
+    seed::namespace(store, "ns1");
+    seed::node(store, "node-0");
+    for i in 0..PODS {
+        seed::pod(store, "ns1", &format!("p-{i:04}"), "node-0", "web");
+    }
+    let dir = TempDir::new("pool");
+    let pki = ca
+        .write_hub_pki(&dir.path().join("node-0"), "node-0", &[])
+        .unwrap();
+    let node = start_named_hub(&cloud, &pki, &etcd, "node-0", "");
+    let kubelet = Client::new(
+        format!("127.0.0.1:{}", node.tls).parse().unwrap(),
+        ca.cert_der(),
+        None,
+        Some(&pki.kubelet),
+    );
+    let r = kubelet
+        .request(
+            "GET",
+            "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-0",
+            &[
+                ("User-Agent", "kubelet/v1.32.0"),
+                (
+                    "Accept",
+                    "application/vnd.kubernetes.protobuf, application/json",
+                ),
+            ],
+            &[],
+        )
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert!(r.body.starts_with(b"k8s\0"), "a protobuf list");
+    // kubectl's discovery, read online once as an operator's first kubectl does.
+    let kubeconfig = dir.path().join("empty");
+    std::fs::write(&kubeconfig, "").unwrap();
+    let server = format!("--server=http://127.0.0.1:{}", node.plain);
+    let (ok, _, err) = kubectl(&kubeconfig, &[&server, "api-resources"]);
+    assert!(ok, "{err}");
+
+    let pods = wait_for(
+        "all pods in the coordinator",
+        Duration::from_secs(60),
+        || {
+            let kvs = etcd_dump(&etcd, &["/registry/pods/", "--prefix"]);
+            (kvs.len() == PODS).then_some(kvs)
+        },
+    );
+    let not_protobuf: Vec<&String> = pods
+        .iter()
+        .filter(|(_, v)| !v.starts_with(b"k8s\0"))
+        .map(|(k, _)| k)
+        .collect();
+    assert!(not_protobuf.is_empty(), "not protobuf: {not_protobuf:?}");
+    // The cloud's own count, per user: the node identity made the kubelet's list and no
+    // GET of a pod.
+    let node_user = "system:node:node-0";
+    let by_node: Vec<_> = cloud
+        .audit()
+        .into_iter()
+        .filter(|e| e.user == node_user && e.path.contains("/pods"))
+        .map(|e| format!("{} {}", e.method, e.path))
+        .collect();
+    assert!(
+        by_node.iter().all(|p| !p.contains("/pods/")),
+        "pods fetched one by one: {:?}",
+        by_node
+            .iter()
+            .filter(|p| p.contains("/pods/"))
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        by_node
+            .iter()
+            .filter(|p| p.starts_with("GET /api/v1/pods?"))
+            .count(),
+        1,
+        "{by_node:?}"
+    );
+
+    cloud.stop_listening();
+    wait_for(
+        "the hub to see the cloud down",
+        Duration::from_secs(5),
+        || (node.hub.status()["cloud"][0]["healthy"] == false).then_some(()),
+    );
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &[&server, "get", "pods", "-n", "ns1", "-o", "json"],
+    );
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let items = v["items"].as_array().unwrap();
+    assert_eq!(items.len(), PODS);
+    assert!(
+        items
+            .iter()
+            .all(|p| p["spec"]["nodeName"] == "node-0" && p["status"]["phase"] == "Running"),
+        "every pod whole, in JSON"
+    );
+}

@@ -381,10 +381,13 @@ fn node_pool(
     })
 }
 
+/// How long the cloud's steady traffic is counted for, per hub.
+const STEADY: Duration = Duration::from_secs(60);
+
 pub fn pool(output: Output) -> Result<()> {
     let NodePool {
         mut etcd,
-        stack: _stack,
+        stack,
         hubs,
         kubelets,
         ..
@@ -392,6 +395,8 @@ pub fn pool(output: Output) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let admin = stack.client(None)?;
+    rt.block_on(reset_traffic(&admin, &stack.direct))?;
     let listed = Instant::now();
     rt.block_on(kubelet_lists(&hubs, &kubelets))?;
     let first = wait_pods(&etcd, NODES * PODS, listed).inspect_err(|_| {
@@ -402,6 +407,12 @@ pub fn pool(output: Output) -> Result<()> {
         eprintln!("pods in etcd: {}", etcd.keys("/registry/pods/").len());
     })?;
     let (pb_first, _) = pods_as_protobuf(&etcd)?;
+    // What the cloud saw of each hub: its kubelet's list and the push that followed; then a
+    // minute of nothing changing.
+    let first_push = rt.block_on(traffic_by_user(&admin, &stack.direct))?;
+    rt.block_on(reset_traffic(&admin, &stack.direct))?;
+    std::thread::sleep(STEADY);
+    let steady = rt.block_on(traffic_by_user(&admin, &stack.direct))?;
     etcd.wipe_member(0);
     let wiped = Instant::now();
     let again = wait_pods(&etcd, NODES * PODS, wiped)?;
@@ -430,6 +441,55 @@ pub fn pool(output: Output) -> Result<()> {
             c["full_pushes"], c["last_push_ms"], c["role"]
         ));
     }
+    report.section(&format!(
+        "the cloud's bill per hub (its node identity): kubelet list + first push, then {} s of nothing changing",
+        STEADY.as_secs()
+    ));
+    let users: Vec<String> = (0..NODES)
+        .map(|i| format!("system:node:node-{i}"))
+        .collect();
+    for (when, traffic) in [("first push", &first_push), ("steady minute", &steady)] {
+        for user in &users {
+            let t = traffic.get(user).cloned().unwrap_or_default();
+            report.line(&format!(
+                "  {user}, {when}: {} bytes; {}",
+                t.bytes,
+                t.verbs_text()
+            ));
+        }
+        let sum = |f: &dyn Fn(&UserTraffic) -> u64| {
+            users
+                .iter()
+                .filter_map(|u| traffic.get(u))
+                .map(f)
+                .sum::<u64>() as f64
+                / NODES as f64
+        };
+        report.single(
+            &format!("cloud GETs of single objects per hub, {when}"),
+            "requests",
+            sum(&|t| t.verb("get")),
+        );
+        report.single(
+            &format!("cloud lists per hub, {when}"),
+            "requests",
+            sum(&|t| t.verb("list")),
+        );
+        report.single(
+            &format!("cloud requests per hub, {when} (all verbs)"),
+            "requests",
+            sum(&|t| t.requests),
+        );
+        report.single(
+            &format!("bytes the cloud sent per hub, {when}"),
+            "KiB",
+            sum(&|t| t.bytes) / 1024.0,
+        );
+    }
+    report.section("conversion on the node, one object (the 1.36 recorded pod)");
+    let (to_json_us, to_protobuf_us) = conversion_cost()?;
+    report.single("protobuf -> JSON", "us", to_json_us);
+    report.single("JSON -> protobuf", "us", to_protobuf_us);
     drop(hubs);
     drop(etcd);
 
@@ -462,9 +522,37 @@ pub fn pool(output: Output) -> Result<()> {
     report.finish()
 }
 
-/// What the cloud reports of its edge traffic: (open watches, response bytes), all users.
-async fn cloud_traffic(admin: &crate::bench::Http, direct: &str) -> Result<(u64, u64)> {
-    let req = Request::get(format!("{direct}/_standin/traffic"))
+/// One user's traffic at the cloud, as the stand-in counts it.
+#[derive(Clone, Default)]
+struct UserTraffic {
+    requests: u64,
+    bytes: u64,
+    verbs: std::collections::BTreeMap<String, u64>,
+}
+
+impl UserTraffic {
+    fn verb(&self, v: &str) -> u64 {
+        self.verbs.get(v).copied().unwrap_or(0)
+    }
+
+    fn verbs_text(&self) -> String {
+        let parts: Vec<String> = self.verbs.iter().map(|(v, n)| format!("{v} {n}")).collect();
+        if parts.is_empty() {
+            "no requests".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+async fn standin_traffic(
+    admin: &crate::bench::Http,
+    direct: &str,
+    method: &str,
+) -> Result<serde_json::Value> {
+    let req = Request::builder()
+        .method(method)
+        .uri(format!("{direct}/_standin/traffic"))
         .header(
             "Authorization",
             format!("Bearer {}", hub_tests::apiserver::ADMIN_TOKEN),
@@ -477,7 +565,65 @@ async fn cloud_traffic(admin: &crate::bench::Http, direct: &str) -> Result<(u64,
         .collect()
         .await?
         .to_bytes();
-    let v: serde_json::Value = serde_json::from_slice(&body)?;
+    Ok(serde_json::from_slice(&body)?)
+}
+
+async fn reset_traffic(admin: &crate::bench::Http, direct: &str) -> Result<()> {
+    standin_traffic(admin, direct, "DELETE").await.map(drop)
+}
+
+/// The cloud's count of requests (by verb) and response bytes, per user.
+async fn traffic_by_user(
+    admin: &crate::bench::Http,
+    direct: &str,
+) -> Result<std::collections::BTreeMap<String, UserTraffic>> {
+    let v = standin_traffic(admin, direct, "GET").await?;
+    Ok(v.as_object()
+        .into_iter()
+        .flatten()
+        .map(|(user, t)| {
+            let verbs = t["verbs"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
+                .collect();
+            let traffic = UserTraffic {
+                requests: t["requests"].as_u64().unwrap_or(0),
+                bytes: t["bytes"].as_u64().unwrap_or(0),
+                verbs,
+            };
+            (user.clone(), traffic)
+        })
+        .collect())
+}
+
+/// CPU per object of the release hub's conversion, both directions (`hub convert --repeat`),
+/// on the pod kube-apiserver 1.36 answered in both encodings: µs per conversion.
+fn conversion_cost() -> Result<(f64, f64)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/wire/kube-apiserver-1.36");
+    let per_conversion = |file: &str| -> Result<f64> {
+        let out = std::process::Command::new(hub_tests::hub_bin())
+            .args(["convert", "--repeat", "20000"])
+            .arg(dir.join(file).join("response.body"))
+            .output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        anyhow::ensure!(out.status.success(), "hub convert {file}: {err}");
+        err.split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("hub convert {file}: no timing in {err:?}"))
+    };
+    Ok((
+        per_conversion("dual-pod-protobuf")?,
+        per_conversion("dual-pod-json")?,
+    ))
+}
+
+/// What the cloud reports of its edge traffic: (open watches, response bytes), all users.
+async fn cloud_traffic(admin: &crate::bench::Http, direct: &str) -> Result<(u64, u64)> {
+    let v = standin_traffic(admin, direct, "GET").await?;
     let users = v.as_object().cloned().unwrap_or_default();
     let sum = |f: &str| users.values().map(|u| u[f].as_u64().unwrap_or(0)).sum();
     Ok((sum("open_watches"), sum("bytes")))

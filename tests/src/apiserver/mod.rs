@@ -440,7 +440,9 @@ async fn route(
         .uri()
         .query()
         .is_some_and(|q| q.split('&').any(|p| p == "watch=1" || p == "watch=true"));
-    let counter = state.traffic.open(&user.name, watching);
+    let counter = state
+        .traffic
+        .open(&user.name, req.method().as_str(), &path, watching);
     let accepts_gzip = req
         .headers()
         .get_all(header::ACCEPT_ENCODING)

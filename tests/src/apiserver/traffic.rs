@@ -1,5 +1,5 @@
-//! What the edge link carries, per user: requests, watches opened and still open, and
-//! response body bytes sent. Benchmarks read it (`GET /_standin/traffic`) to compare how
+//! What the edge link carries, per user: requests (also by Kubernetes verb), watches opened
+//! and still open, and response body bytes sent. Benchmarks read it (`GET /_standin/traffic`) to compare how
 //! much of the cloud a pool uses with and without its leader.
 use std::{
     collections::BTreeMap,
@@ -18,6 +18,7 @@ use serde::Serialize;
 #[derive(Debug, Default)]
 struct Counters {
     requests: AtomicU64,
+    verbs: Mutex<BTreeMap<&'static str, u64>>,
     watches: AtomicU64,
     open_watches: AtomicU64,
     bytes: AtomicU64,
@@ -26,6 +27,8 @@ struct Counters {
 #[derive(Debug, Clone, Serialize)]
 pub struct UserTraffic {
     pub requests: u64,
+    /// get, list, watch, create, update, patch, delete, discovery, other.
+    pub verbs: BTreeMap<&'static str, u64>,
     pub watches: u64,
     pub open_watches: u64,
     pub bytes: u64,
@@ -49,7 +52,7 @@ impl Drop for Counter {
 }
 
 impl Traffic {
-    pub fn open(&self, user: &str, watch: bool) -> Counter {
+    pub fn open(&self, user: &str, method: &str, path: &str, watch: bool) -> Counter {
         let counters = self
             .0
             .lock()
@@ -58,6 +61,12 @@ impl Traffic {
             .or_default()
             .clone();
         counters.requests.fetch_add(1, Ordering::Relaxed);
+        *counters
+            .verbs
+            .lock()
+            .unwrap()
+            .entry(verb(method, path, watch))
+            .or_default() += 1;
         if watch {
             counters.watches.fetch_add(1, Ordering::Relaxed);
             counters.open_watches.fetch_add(1, Ordering::Relaxed);
@@ -74,6 +83,7 @@ impl Traffic {
                 let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
                 let t = UserTraffic {
                     requests: l(&c.requests),
+                    verbs: c.verbs.lock().unwrap().clone(),
                     watches: l(&c.watches),
                     open_watches: l(&c.open_watches),
                     bytes: l(&c.bytes),
@@ -87,9 +97,41 @@ impl Traffic {
     pub fn reset(&self) {
         for c in self.0.lock().unwrap().values() {
             c.requests.store(0, Ordering::Relaxed);
+            c.verbs.lock().unwrap().clear();
             c.watches.store(0, Ordering::Relaxed);
             c.bytes.store(0, Ordering::Relaxed);
         }
+    }
+}
+
+/// The Kubernetes verb of a request: a GET of a collection is a list, of one object a get.
+fn verb(method: &str, path: &str, watch: bool) -> &'static str {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let rest = match segs.as_slice() {
+        ["api", _version, rest @ ..] => rest,
+        ["apis", _group, _version, rest @ ..] => rest,
+        _ => {
+            return if method == "GET" {
+                "discovery"
+            } else {
+                "other"
+            };
+        }
+    };
+    let rest = match rest {
+        ["namespaces", _ns, rest @ ..] if !rest.is_empty() => rest,
+        _ => rest,
+    };
+    match (method, rest.len()) {
+        (_, 0) => "discovery",
+        ("GET", _) if watch => "watch",
+        ("GET", 1) => "list",
+        ("GET", _) => "get",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", _) => "delete",
+        _ => "other",
     }
 }
 
