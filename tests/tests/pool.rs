@@ -1309,7 +1309,12 @@ fn a_1000_pod_protobuf_list_reaches_the_pool_without_a_cloud_get_and_kubectl_rea
         .filter(|(_, v)| !v.starts_with(b"k8s\0"))
         .map(|(k, _)| k)
         .collect();
-    assert!(not_protobuf.is_empty(), "not protobuf: {not_protobuf:?}");
+    assert!(
+        not_protobuf.is_empty(),
+        "{} pods not in protobuf, e.g. {:?}",
+        not_protobuf.len(),
+        &not_protobuf[..not_protobuf.len().min(3)]
+    );
     // The cloud's own count, per user: the node identity made the kubelet's list and no
     // GET of a pod.
     let node_user = "system:node:node-0";
