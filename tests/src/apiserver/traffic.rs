@@ -27,7 +27,7 @@ struct Counters {
 #[derive(Debug, Clone, Serialize)]
 pub struct UserTraffic {
     pub requests: u64,
-    /// get, list, watch, create, update, patch, delete, discovery, other.
+    /// get, list, watch, create, update, patch, delete, discovery, health, other.
     pub verbs: BTreeMap<&'static str, u64>,
     pub watches: u64,
     pub open_watches: u64,
@@ -110,6 +110,7 @@ fn verb(method: &str, path: &str, watch: bool) -> &'static str {
     let rest = match segs.as_slice() {
         ["api", _version, rest @ ..] => rest,
         ["apis", _group, _version, rest @ ..] => rest,
+        ["healthz" | "readyz" | "livez", ..] => return "health",
         _ => {
             return if method == "GET" {
                 "discovery"
