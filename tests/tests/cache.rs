@@ -1909,6 +1909,21 @@ fn kubectl_reads_offline_what_the_kubelet_cached_in_protobuf() {
             "{key}: converted on the node differs from the cloud's JSON"
         );
     }
+    // kubectl's default table output too (it falls back from Table to the objects).
+    let table = kubectl_ok(
+        &kc,
+        &[
+            "get",
+            "pods",
+            "-A",
+            "--field-selector",
+            "spec.nodeName=node-0",
+        ],
+    );
+    for key in cloud_pods.keys() {
+        let name = key.rsplit('/').next().unwrap();
+        assert!(table.contains(name), "{name} missing from:\n{table}");
+    }
     let (ok, node, err) = kubectl(&kc, &["get", "node", "node-0", "-o", "json"]);
     assert!(ok, "{err}");
     assert_eq!(json_objects(node.as_bytes()), cloud_node);
