@@ -954,27 +954,25 @@ fn gzip_lists_and_protobuf_watches_reach_the_cache_and_come_back_offline() {
         assert_eq!(meta.name.as_deref(), Some("only-json"), "{path}");
         assert_eq!(cm.data.get("k").map(String::as_str), Some("v"), "{path}");
     };
+    let ok = |path: &str| {
+        let r = get(path, &pb_only);
+        assert_eq!(
+            r.status,
+            200,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        r
+    };
     let path = "/api/v1/namespaces/ns1/configmaps?fieldSelector=metadata.name%3Donly-json";
-    let r = get(path, &pb_only);
-    assert_eq!(
-        r.status,
-        200,
-        "{path}: {}",
-        String::from_utf8_lossy(&r.body)
-    );
+    let r = ok(path);
     let (_, kind, raw) = unwrap(&r.body);
     assert_eq!(kind, "ConfigMapList");
     let list = ConfigMapList::decode(raw.as_slice()).expect("a ConfigMapList");
     assert_eq!(list.items.len(), 1);
     check(path, list.items.into_iter().next().unwrap());
     let path = "/api/v1/namespaces/ns1/configmaps/only-json";
-    let r = get(path, &pb_only);
-    assert_eq!(
-        r.status,
-        200,
-        "{path}: {}",
-        String::from_utf8_lossy(&r.body)
-    );
+    let r = ok(path);
     let (api_version, kind, raw) = unwrap(&r.body);
     assert_eq!((api_version.as_str(), kind.as_str()), ("v1", "ConfigMap"));
     check(
@@ -982,8 +980,7 @@ fn gzip_lists_and_protobuf_watches_reach_the_cache_and_come_back_offline() {
         ConfigMap::decode(raw.as_slice()).expect("a ConfigMap"),
     );
     let path = "/api/v1/namespaces/ns1/configmaps?fieldSelector=metadata.name%3Donly-json&watch=true&timeoutSeconds=1";
-    let r = get(path, &pb_only);
-    assert_eq!(r.status, 200, "{path}");
+    let r = ok(path);
     let len = u32::from_be_bytes(r.body[..4].try_into().unwrap()) as usize;
     let event = WatchEvent::decode(&r.body[4..4 + len]).expect("a raw WatchEvent");
     assert_eq!(event.r#type.as_deref(), Some("ADDED"));

@@ -771,12 +771,7 @@ fn one_dead_member_of_three_is_no_outage_of_the_coordinator() {
         .write_hub_pki(&dir.path().join("node-0"), "node-0", &[])
         .unwrap();
     let node = start_named_hub(&cloud, &pki, &etcd, "node-0", "");
-    let kubelet = Client::new(
-        format!("127.0.0.1:{}", node.tls).parse().unwrap(),
-        ca.cert_der(),
-        None,
-        Some(&pki.kubelet),
-    );
+    let kubelet = kubelet_of(&node, &ca, &pki);
     let list = || {
         let r = kubelet
             .request(
@@ -892,12 +887,7 @@ fn pushes_that_fail_never_stop_the_pools_reads() {
         .unwrap();
     let node = start_named_hub(&cloud, &pki, &etcd, "node-0", "");
     let client = |ua: &str| {
-        let c = Client::new(
-            format!("127.0.0.1:{}", node.tls).parse().unwrap(),
-            ca.cert_der(),
-            None,
-            Some(&pki.kubelet),
-        );
+        let c = kubelet_of(&node, &ca, &pki);
         let ua = ua.to_string();
         move |path: &str| {
             c.request(
@@ -991,12 +981,7 @@ fn every_key_under_the_prefix_is_one_kube_apiserver_would_read() {
         .write_hub_pki(&dir.path().join("node-0"), "node-0", &[])
         .unwrap();
     let node = start_named_hub(&cloud, &pki, &etcd, "node-0", "");
-    let c = Client::new(
-        format!("127.0.0.1:{}", node.tls).parse().unwrap(),
-        ca.cert_der(),
-        None,
-        Some(&pki.kubelet),
-    );
+    let c = kubelet_of(&node, &ca, &pki);
     let get = |ua: &str, accept: &str, path: &str| {
         let r = c
             .request("GET", path, &[("User-Agent", ua), ("Accept", accept)], &[])
@@ -1128,12 +1113,7 @@ fn a_resource_configured_not_pushed_never_reaches_the_pool() {
         "node-0",
         "  notPushed: [\"/v1/configmaps\"]\n",
     );
-    let c = Client::new(
-        format!("127.0.0.1:{}", node.tls).parse().unwrap(),
-        ca.cert_der(),
-        None,
-        Some(&pki.kubelet),
-    );
+    let c = kubelet_of(&node, &ca, &pki);
     // The ConfigMap is read (and cached) first: the single cache writer has stored it
     // before it stores the node, so the push that carries the node has seen it too.
     for path in [
@@ -1179,12 +1159,7 @@ fn a_node_s_lease_stays_on_the_node_by_default() {
         .write_hub_pki(&dir.path().join("node-0"), "node-0", &[])
         .unwrap();
     let node = start_named_hub(&cloud, &pki, &etcd, "node-0", "");
-    let c = Client::new(
-        format!("127.0.0.1:{}", node.tls).parse().unwrap(),
-        ca.cert_der(),
-        None,
-        Some(&pki.kubelet),
-    );
+    let c = kubelet_of(&node, &ca, &pki);
     let headers = [
         ("User-Agent", "kubelet/v1.32.0"),
         ("Accept", "application/json"),
@@ -1267,12 +1242,7 @@ fn a_1000_pod_protobuf_list_reaches_the_pool_without_a_cloud_get_and_kubectl_rea
         .write_hub_pki(&dir.path().join("node-0"), "node-0", &[])
         .unwrap();
     let node = start_named_hub(&cloud, &pki, &etcd, "node-0", "");
-    let kubelet = Client::new(
-        format!("127.0.0.1:{}", node.tls).parse().unwrap(),
-        ca.cert_der(),
-        None,
-        Some(&pki.kubelet),
-    );
+    let kubelet = kubelet_of(&node, &ca, &pki);
     let r = kubelet
         .request(
             "GET",
@@ -1362,4 +1332,14 @@ fn a_1000_pod_protobuf_list_reaches_the_pool_without_a_cloud_get_and_kubectl_rea
             .all(|p| p["spec"]["nodeName"] == "node-0" && p["status"]["phase"] == "Running"),
         "every pod whole, in JSON"
     );
+}
+
+/// A kubelet-style client of `node`'s hub: the node's client certificate.
+fn kubelet_of(node: &Node, ca: &TestCa, pki: &hub_tests::apiserver::tls::HubPki) -> Client {
+    Client::new(
+        format!("127.0.0.1:{}", node.tls).parse().unwrap(),
+        ca.cert_der(),
+        None,
+        Some(&pki.kubelet),
+    )
 }
