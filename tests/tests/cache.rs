@@ -1876,19 +1876,17 @@ fn kubectl_reads_offline_what_the_kubelet_cached_in_protobuf() {
     // Online, kubectl reads discovery only (no pod or node of its own is cached).
     kubectl_ok(&kc, &["api-resources"]);
     s.cloud_down(&hub);
-    let listed = kubectl_ok(
-        &kc,
-        &[
+    let node_pods = |output: &[&str]| {
+        let get = [
             "get",
             "pods",
             "-A",
             "--field-selector",
             "spec.nodeName=node-0",
-            "-o",
-            "json",
-        ],
-    );
-    let listed = json_objects(listed.as_bytes());
+        ];
+        kubectl_ok(&kc, &[&get[..], output].concat())
+    };
+    let listed = json_objects(node_pods(&["-o", "json"]).as_bytes());
     assert_eq!(
         listed.keys().collect::<Vec<_>>(),
         cloud_pods.keys().collect::<Vec<_>>()
@@ -1907,16 +1905,7 @@ fn kubectl_reads_offline_what_the_kubelet_cached_in_protobuf() {
         );
     }
     // kubectl's default table output too (it falls back from Table to the objects).
-    let table = kubectl_ok(
-        &kc,
-        &[
-            "get",
-            "pods",
-            "-A",
-            "--field-selector",
-            "spec.nodeName=node-0",
-        ],
-    );
+    let table = node_pods(&[]);
     for key in cloud_pods.keys() {
         let name = key.rsplit('/').next().unwrap();
         assert!(table.contains(name), "{name} missing from:\n{table}");

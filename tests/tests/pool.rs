@@ -195,14 +195,7 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
     });
 
     // The cloud goes away: node 1's hub answers with node 0's pods from the coordinator.
-    cloud.stop_listening();
-    for n in &nodes {
-        wait_for(
-            "the hub to see the cloud down",
-            Duration::from_secs(5),
-            || (n.hub.status()["cloud"][0]["healthy"] == false).then_some(()),
-        );
-    }
+    cloud_down(&cloud, &nodes);
     let (ok, out, err) = kubectl(
         &empty_kubeconfig,
         &[&plain_server, "get", "pods", "-A", "-o", "json"],
@@ -937,10 +930,7 @@ fn pushes_that_fail_never_stop_the_pools_reads() {
     );
     assert!(etcd.keys("/registry/configmaps/").is_empty());
 
-    cloud.stop_listening();
-    wait_for("the cloud seen gone", Duration::from_secs(10), || {
-        (node.hub.status()["cloud"][0]["healthy"] == false).then_some(())
-    });
+    cloud_down(&cloud, [&node]);
     let r = proxy("/api/v1/services");
     assert_eq!(r.status, 200);
     assert_eq!(
@@ -1312,12 +1302,7 @@ fn a_1000_pod_protobuf_list_reaches_the_pool_without_a_cloud_get_and_kubectl_rea
         "{by_node:?}"
     );
 
-    cloud.stop_listening();
-    wait_for(
-        "the hub to see the cloud down",
-        Duration::from_secs(5),
-        || (node.hub.status()["cloud"][0]["healthy"] == false).then_some(()),
-    );
+    cloud_down(&cloud, [&node]);
     let (ok, out, err) = kubectl(
         &kubeconfig,
         &[&server, "get", "pods", "-n", "ns1", "-o", "json"],
@@ -1342,4 +1327,16 @@ fn kubelet_of(node: &Node, ca: &TestCa, pki: &hub_tests::apiserver::tls::HubPki)
         None,
         Some(&pki.kubelet),
     )
+}
+
+/// Stops the cloud and waits until each of these hubs has seen it down.
+fn cloud_down<'a>(cloud: &StandIn, nodes: impl IntoIterator<Item = &'a Node>) {
+    cloud.stop_listening();
+    for n in nodes {
+        wait_for(
+            "the hub to see the cloud down",
+            Duration::from_secs(5),
+            || (n.hub.status()["cloud"][0]["healthy"] == false).then_some(()),
+        );
+    }
 }
