@@ -45,6 +45,11 @@ pub fn targets() -> Vec<Target> {
             seeds: small_recorded_bodies,
         },
         Target {
+            name: "convert",
+            run: convert_target,
+            seeds: small_recorded_bodies,
+        },
+        Target {
             name: "gzip",
             run: gzip_target,
             seeds: gzip_seeds,
@@ -91,6 +96,20 @@ fn objects_target(data: &[u8]) {
         let _ = objects::parse_list("pods", enc, data);
         let _ = objects::parse_event("pods", enc, data);
         let _ = hub::cache::fingerprint::of_list(enc, &[bytes::Bytes::copy_from_slice(data)]);
+    }
+}
+
+/// Both directions of hub::convert, and a watch frame's event; what converts must convert
+/// back.
+fn convert_target(data: &[u8]) {
+    let style = hub::convert::Style::default();
+    if let Ok(json) = hub::convert::to_json(data, style) {
+        hub::convert::to_protobuf(&json).expect("converted JSON converts back");
+    }
+    let _ = hub::convert::to_protobuf(data);
+    let (frames, _) = kproto::watch_frames(data);
+    for f in frames {
+        let _ = hub::convert::watch_event_to_json(f, style);
     }
 }
 

@@ -294,7 +294,14 @@ fn time(msg: &'static Message, ty: Type, b: &[u8], out: &mut String) -> Result<(
     let f = kproto::fields(b).ok_or_else(|| malformed(msg, "a time is not a message"))?;
     let seconds = varint_field(&f, 1) as i64;
     let nanos = varint_field(&f, 2) as i64 as i32;
+    // Go's encoding refuses what RFC 3339 cannot write; so does this.
+    if !(0..1_000_000_000).contains(&nanos) {
+        return Err(malformed(msg, "a time's nanoseconds are out of range"));
+    }
     let (y, mo, d, h, mi, s) = civil(seconds);
+    if !(0..=9999).contains(&y) {
+        return Err(malformed(msg, "a time's year is outside 0..9999"));
+    }
     let frac = if ty == Type::MicroTime {
         format!(".{:06}", nanos / 1000)
     } else {
