@@ -259,7 +259,7 @@ pub static MESSAGES: &[Message] = &[
     ] },
     Message { name: "api/core/v1/ContainerImage", items_only: false, fields: &[
         Field { tag: 1, json: "names", ty: String, card: Repeated, flags: 0 },
-        Field { tag: 2, json: "sizeBytes", ty: Int64, card: One, flags: 0 },
+        Field { tag: 2, json: "sizeBytes", ty: Int64, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/AttachedVolume", items_only: false, fields: &[
         Field { tag: 1, json: "name", ty: String, card: One, flags: 0 },
@@ -330,14 +330,14 @@ pub static MESSAGES: &[Message] = &[
     Message { name: "api/core/v1/GCEPersistentDiskVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "pdName", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
-        Field { tag: 3, json: "partition", ty: Int32, card: One, flags: 0 },
-        Field { tag: 4, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 3, json: "partition", ty: Int32, card: One, flags: DROP_ZERO },
+        Field { tag: 4, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/AWSElasticBlockStoreVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "volumeID", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
-        Field { tag: 3, json: "partition", ty: Int32, card: One, flags: 0 },
-        Field { tag: 4, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 3, json: "partition", ty: Int32, card: One, flags: DROP_ZERO },
+        Field { tag: 4, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/HostPathVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "path", ty: String, card: One, flags: 0 },
@@ -346,7 +346,7 @@ pub static MESSAGES: &[Message] = &[
     Message { name: "api/core/v1/GlusterfsPersistentVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "endpoints", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "path", ty: String, card: One, flags: 0 },
-        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 4, json: "endpointsNamespace", ty: String, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/NFSVolumeSource", items_only: false, fields: &[
@@ -362,7 +362,7 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 5, json: "user", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 6, json: "keyring", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 7, json: "secretRef", ty: Message(57), card: One, flags: 0 },
-        Field { tag: 8, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 8, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/SecretReference", items_only: false, fields: &[
         Field { tag: 1, json: "name", ty: String, card: One, flags: DROP_ZERO },
@@ -374,17 +374,17 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 3, json: "lun", ty: Int32, card: One, flags: 0 },
         Field { tag: 4, json: "iscsiInterface", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 5, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
-        Field { tag: 6, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 6, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 7, json: "portals", ty: String, card: Repeated, flags: 0 },
-        Field { tag: 8, json: "chapAuthDiscovery", ty: Bool, card: One, flags: 0 },
+        Field { tag: 8, json: "chapAuthDiscovery", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 10, json: "secretRef", ty: Message(57), card: One, flags: 0 },
-        Field { tag: 11, json: "chapAuthSession", ty: Bool, card: One, flags: 0 },
+        Field { tag: 11, json: "chapAuthSession", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 12, json: "initiatorName", ty: String, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/CinderPersistentVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "volumeID", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
-        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 4, json: "secretRef", ty: Message(57), card: One, flags: 0 },
     ] },
     Message { name: "api/core/v1/CephFSPersistentVolumeSource", items_only: false, fields: &[
@@ -393,13 +393,13 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 3, json: "user", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 4, json: "secretFile", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 5, json: "secretRef", ty: Message(57), card: One, flags: 0 },
-        Field { tag: 6, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 6, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/FCVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "targetWWNs", ty: String, card: Repeated, flags: 0 },
         Field { tag: 2, json: "lun", ty: Int32, card: One, flags: 0 },
         Field { tag: 3, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
-        Field { tag: 4, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 4, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 5, json: "wwids", ty: String, card: Repeated, flags: 0 },
     ] },
     Message { name: "api/core/v1/FlockerVolumeSource", items_only: false, fields: &[
@@ -410,13 +410,13 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 1, json: "driver", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 3, json: "secretRef", ty: Message(57), card: One, flags: 0 },
-        Field { tag: 4, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 4, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 5, json: "options", ty: String, card: Map, flags: 0 },
     ] },
     Message { name: "api/core/v1/AzureFilePersistentVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "secretName", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "shareName", ty: String, card: One, flags: 0 },
-        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 4, json: "secretNamespace", ty: String, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/VsphereVirtualDiskVolumeSource", items_only: false, fields: &[
@@ -428,7 +428,7 @@ pub static MESSAGES: &[Message] = &[
     Message { name: "api/core/v1/QuobyteVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "registry", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "volume", ty: String, card: One, flags: 0 },
-        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 4, json: "user", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 5, json: "group", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 6, json: "tenant", ty: String, card: One, flags: DROP_ZERO },
@@ -436,10 +436,10 @@ pub static MESSAGES: &[Message] = &[
     Message { name: "api/core/v1/AzureDiskVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "diskName", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "diskURI", ty: String, card: One, flags: 0 },
-        Field { tag: 3, json: "cachingMode", ty: String, card: One, flags: DROP_ZERO },
-        Field { tag: 4, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
+        Field { tag: 3, json: "cachingMode", ty: String, card: One, flags: 0 },
+        Field { tag: 4, json: "fsType", ty: String, card: One, flags: 0 },
         Field { tag: 5, json: "readOnly", ty: Bool, card: One, flags: 0 },
-        Field { tag: 6, json: "kind", ty: String, card: One, flags: DROP_ZERO },
+        Field { tag: 6, json: "kind", ty: String, card: One, flags: 0 },
     ] },
     Message { name: "api/core/v1/PhotonPersistentDiskVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "pdID", ty: String, card: One, flags: 0 },
@@ -448,35 +448,35 @@ pub static MESSAGES: &[Message] = &[
     Message { name: "api/core/v1/PortworxVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "volumeID", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
-        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/ScaleIOPersistentVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "gateway", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "system", ty: String, card: One, flags: 0 },
         Field { tag: 3, json: "secretRef", ty: Message(57), card: One, flags: 0 },
-        Field { tag: 4, json: "sslEnabled", ty: Bool, card: One, flags: 0 },
+        Field { tag: 4, json: "sslEnabled", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 5, json: "protectionDomain", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 6, json: "storagePool", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 7, json: "storageMode", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 8, json: "volumeName", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 9, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
-        Field { tag: 10, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 10, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/LocalVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "path", ty: String, card: One, flags: 0 },
-        Field { tag: 2, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
+        Field { tag: 2, json: "fsType", ty: String, card: One, flags: 0 },
     ] },
     Message { name: "api/core/v1/StorageOSPersistentVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "volumeName", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 2, json: "volumeNamespace", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 3, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
-        Field { tag: 4, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 4, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 5, json: "secretRef", ty: Message(4), card: One, flags: 0 },
     ] },
     Message { name: "api/core/v1/CSIPersistentVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "driver", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "volumeHandle", ty: String, card: One, flags: 0 },
-        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 4, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 5, json: "volumeAttributes", ty: String, card: Map, flags: 0 },
         Field { tag: 6, json: "controllerPublishSecretRef", ty: Message(57), card: One, flags: 0 },
@@ -691,11 +691,11 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 3, json: "lun", ty: Int32, card: One, flags: 0 },
         Field { tag: 4, json: "iscsiInterface", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 5, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
-        Field { tag: 6, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 6, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 7, json: "portals", ty: String, card: Repeated, flags: 0 },
-        Field { tag: 8, json: "chapAuthDiscovery", ty: Bool, card: One, flags: 0 },
+        Field { tag: 8, json: "chapAuthDiscovery", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 10, json: "secretRef", ty: Message(101), card: One, flags: 0 },
-        Field { tag: 11, json: "chapAuthSession", ty: Bool, card: One, flags: 0 },
+        Field { tag: 11, json: "chapAuthSession", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 12, json: "initiatorName", ty: String, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/LocalObjectReference", items_only: false, fields: &[
@@ -704,7 +704,7 @@ pub static MESSAGES: &[Message] = &[
     Message { name: "api/core/v1/GlusterfsVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "endpoints", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "path", ty: String, card: One, flags: 0 },
-        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/PersistentVolumeClaimVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "claimName", ty: String, card: One, flags: 0 },
@@ -718,19 +718,19 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 5, json: "user", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 6, json: "keyring", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 7, json: "secretRef", ty: Message(101), card: One, flags: 0 },
-        Field { tag: 8, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 8, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/FlexVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "driver", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 3, json: "secretRef", ty: Message(101), card: One, flags: 0 },
-        Field { tag: 4, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 4, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 5, json: "options", ty: String, card: Map, flags: 0 },
     ] },
     Message { name: "api/core/v1/CinderVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "volumeID", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
-        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 4, json: "secretRef", ty: Message(101), card: One, flags: 0 },
     ] },
     Message { name: "api/core/v1/CephFSVolumeSource", items_only: false, fields: &[
@@ -739,7 +739,7 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 3, json: "user", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 4, json: "secretFile", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 5, json: "secretRef", ty: Message(101), card: One, flags: 0 },
-        Field { tag: 6, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 6, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/DownwardAPIVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "items", ty: Message(109), card: Repeated, flags: 0 },
@@ -763,7 +763,7 @@ pub static MESSAGES: &[Message] = &[
     Message { name: "api/core/v1/AzureFileVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "secretName", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "shareName", ty: String, card: One, flags: 0 },
-        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 3, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/ConfigMapVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "", ty: Message(101), card: One, flags: INLINE },
@@ -821,19 +821,19 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 1, json: "gateway", ty: String, card: One, flags: 0 },
         Field { tag: 2, json: "system", ty: String, card: One, flags: 0 },
         Field { tag: 3, json: "secretRef", ty: Message(101), card: One, flags: 0 },
-        Field { tag: 4, json: "sslEnabled", ty: Bool, card: One, flags: 0 },
+        Field { tag: 4, json: "sslEnabled", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 5, json: "protectionDomain", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 6, json: "storagePool", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 7, json: "storageMode", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 8, json: "volumeName", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 9, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
-        Field { tag: 10, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 10, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/core/v1/StorageOSVolumeSource", items_only: false, fields: &[
         Field { tag: 1, json: "volumeName", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 2, json: "volumeNamespace", ty: String, card: One, flags: DROP_ZERO },
         Field { tag: 3, json: "fsType", ty: String, card: One, flags: DROP_ZERO },
-        Field { tag: 4, json: "readOnly", ty: Bool, card: One, flags: 0 },
+        Field { tag: 4, json: "readOnly", ty: Bool, card: One, flags: DROP_ZERO },
         Field { tag: 5, json: "secretRef", ty: Message(101), card: One, flags: 0 },
     ] },
     Message { name: "api/core/v1/CSIVolumeSource", items_only: false, fields: &[
@@ -1898,7 +1898,7 @@ pub static MESSAGES: &[Message] = &[
     ] },
     Message { name: "api/networking/v1/ServiceBackendPort", items_only: false, fields: &[
         Field { tag: 1, json: "name", ty: String, card: One, flags: DROP_ZERO },
-        Field { tag: 2, json: "number", ty: Int32, card: One, flags: 0 },
+        Field { tag: 2, json: "number", ty: Int32, card: One, flags: DROP_ZERO },
     ] },
     Message { name: "api/networking/v1/IngressTLS", items_only: false, fields: &[
         Field { tag: 1, json: "hosts", ty: String, card: Repeated, flags: 0 },
