@@ -117,6 +117,31 @@ impl Collector for CacheCollector {
     }
 }
 
+/// Conversions between protobuf and JSON (`hub_convert_*`), read at each scrape.
+#[derive(Debug, Default)]
+struct ConvertCollector;
+
+impl Collector for ConvertCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for (name, help, v) in [
+            (
+                "objects",
+                "Objects, lists and watch events converted between protobuf and JSON",
+                crate::convert::conversions_total(),
+            ),
+            (
+                "fields_left_out",
+                "Fields left out of a conversion: newer than the hub's schema (Kubernetes 1.35)",
+                crate::convert::unknown_fields_total(),
+            ),
+        ] {
+            let c = ConstCounter::new(v);
+            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
 /// The pool coordinator's state, read from it at each scrape (`hub_coordinator_*`).
 #[derive(Default, Clone)]
 pub struct PoolCollector(pub Arc<OnceLock<Arc<Pool>>>);
@@ -290,6 +315,9 @@ impl Metrics {
         registry
             .sub_registry_with_prefix("coordinator")
             .register_collector(Box::new(pool.clone()));
+        registry
+            .sub_registry_with_prefix("convert")
+            .register_collector(Box::new(ConvertCollector));
         registry.sub_registry_with_prefix("intercept").register(
             "connections",
             "Connections accepted on intercepted VIP listeners",

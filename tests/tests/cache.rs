@@ -1923,4 +1923,14 @@ fn kubectl_reads_offline_what_the_kubelet_cached_in_protobuf() {
             .is_some_and(|c| c.starts_with("application/json"))
     );
     assert_eq!(json_objects(&raw.body), cloud_node);
+    // Counted: every pod and node answered was converted on the node, nothing left out.
+    let metrics = hub.admin_get("/metrics");
+    let counter = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in /metrics"))
+    };
+    assert!(counter("hub_convert_objects_total ") >= 8, "{metrics}");
+    assert_eq!(counter("hub_convert_fields_left_out_total "), 0);
 }

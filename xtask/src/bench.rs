@@ -10,8 +10,9 @@ use hub_tests::{
 };
 use serde_json::Value;
 
-pub fn run(what: &str, rounds: usize, output: Output) -> Result<()> {
+pub fn run(what: &str, rounds: usize, minutes: u64, output: Output) -> Result<()> {
     match what {
+        "edge" => crate::bench_edge::edge(minutes, output),
         "intercept" => intercept(rounds, output),
         "proxy" => crate::bench_proxy::proxy(rounds, output),
         "cache" => crate::bench_cache::cache(rounds, output),
@@ -20,7 +21,7 @@ pub fn run(what: &str, rounds: usize, output: Output) -> Result<()> {
         "coordinator" => crate::bench_coordinator::coordinator(rounds, output),
         other => {
             bail!(
-                "unknown benchmark `{other}` (available: intercept, proxy, cache, coordinator, pool, pool-scale)"
+                "unknown benchmark `{other}` (available: intercept, proxy, cache, coordinator, pool, pool-scale, edge)"
             )
         }
     }

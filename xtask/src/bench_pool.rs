@@ -524,18 +524,18 @@ pub fn pool(output: Output) -> Result<()> {
 
 /// One user's traffic at the cloud, as the stand-in counts it.
 #[derive(Clone, Default)]
-struct UserTraffic {
-    requests: u64,
-    bytes: u64,
-    verbs: std::collections::BTreeMap<String, u64>,
+pub(crate) struct UserTraffic {
+    pub requests: u64,
+    pub bytes: u64,
+    pub verbs: std::collections::BTreeMap<String, u64>,
 }
 
 impl UserTraffic {
-    fn verb(&self, v: &str) -> u64 {
+    pub(crate) fn verb(&self, v: &str) -> u64 {
         self.verbs.get(v).copied().unwrap_or(0)
     }
 
-    fn verbs_text(&self) -> String {
+    pub(crate) fn verbs_text(&self) -> String {
         let parts: Vec<String> = self.verbs.iter().map(|(v, n)| format!("{v} {n}")).collect();
         if parts.is_empty() {
             "no requests".into()
@@ -568,12 +568,12 @@ async fn standin_traffic(
     Ok(serde_json::from_slice(&body)?)
 }
 
-async fn reset_traffic(admin: &crate::bench::Http, direct: &str) -> Result<()> {
+pub(crate) async fn reset_traffic(admin: &crate::bench::Http, direct: &str) -> Result<()> {
     standin_traffic(admin, direct, "DELETE").await.map(drop)
 }
 
 /// The cloud's count of requests (by verb) and response bytes, per user.
-async fn traffic_by_user(
+pub(crate) async fn traffic_by_user(
     admin: &crate::bench::Http,
     direct: &str,
 ) -> Result<std::collections::BTreeMap<String, UserTraffic>> {
@@ -629,7 +629,7 @@ async fn cloud_traffic(admin: &crate::bench::Http, direct: &str) -> Result<(u64,
     Ok((sum("open_watches"), sum("bytes")))
 }
 
-async fn admin_call(
+pub(crate) async fn admin_call(
     admin: &crate::bench::Http,
     method: &str,
     url: String,

@@ -3,6 +3,7 @@ mod bench;
 mod bench_cache;
 mod bench_coordinator;
 mod bench_doc;
+mod bench_edge;
 mod bench_pool;
 mod bench_proxy;
 mod demo;
@@ -32,7 +33,8 @@ commands:
   demo         the system end to end on this machine, in throwaway namespaces (root);
                --step pauses between steps
   bench WHAT   release-build benchmarks as ratios against direct, same run
-               (WHAT: intercept, proxy, cache, coordinator, pool, pool-scale); --rounds N;
+               (WHAT: intercept, proxy, cache, coordinator, pool, pool-scale, edge);
+               --rounds N; --minutes N (edge: how long each side runs, default 60);
                --output json: the figures as one JSON document on stdout
   bench-doc    rebuild the tables of docs/benchmarks.md from the runs kept in docs/bench/
                (JSON from bench --output json); --check fails if the document differs
@@ -169,7 +171,13 @@ fn bench_cmd(args: &[String]) -> Result<()> {
         std::env::set_var("HUB_BIN", release.join("hub"));
         std::env::set_var("HUB_PROBE_BIN", release.join("hub-probe"));
     }
-    bench::run(what, rounds, output)
+    let minutes = args
+        .windows(2)
+        .find(|w| w[0] == "--minutes")
+        .map(|w| w[1].parse())
+        .transpose()?
+        .unwrap_or(60);
+    bench::run(what, rounds, minutes, output)
 }
 
 /// The binaries tests and the demo start: hub and hub-probe.

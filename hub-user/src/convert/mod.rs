@@ -134,6 +134,7 @@ fn object_json(
     style: Style,
 ) -> Result<(), ConvertError> {
     let msg = kind_message(api_version, kind)?;
+    CONVERSIONS.fetch_add(1, Ordering::Relaxed);
     let mut obj = to_json::Object::open(out);
     to_json::write_str(obj.key("kind"), kind);
     to_json::write_str(obj.key("apiVersion"), api_version);
@@ -176,6 +177,7 @@ fn object_protobuf(v: &serde_json::Value) -> Result<Vec<u8>, ConvertError> {
     let text = |k: &str| obj.get(k).and_then(|v| v.as_str()).unwrap_or_default();
     let (api_version, kind) = (text("apiVersion"), text("kind"));
     let msg = kind_message(api_version, kind)?;
+    CONVERSIONS.fetch_add(1, Ordering::Relaxed);
     let raw = to_protobuf::encode_members(msg, obj, true)?;
     Ok(crate::kproto::envelope(api_version, kind, &raw))
 }
@@ -194,7 +196,13 @@ pub fn watch_event_to_protobuf(json: &[u8]) -> Result<Vec<u8>, ConvertError> {
     ))
 }
 
+static CONVERSIONS: AtomicU64 = AtomicU64::new(0);
 static UNKNOWN_FIELDS: AtomicU64 = AtomicU64::new(0);
+
+/// Objects, lists and watch events converted so far, either way.
+pub fn conversions_total() -> u64 {
+    CONVERSIONS.load(Ordering::Relaxed)
+}
 static UNKNOWN_SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 
 /// Fields left out of a conversion because this hub's schema does not know them.
