@@ -476,3 +476,35 @@ fn every_recorded_protobuf_answer_converts_with_nothing_left_out() {
         "fields left out of a conversion"
     );
 }
+
+/// A list as kubectl writes it (`kubectl get pods -o json`: items with their kind and
+/// apiVersion) converts to protobuf with nothing left out; the items' TypeMeta is the
+/// envelope's business, not a field.
+#[test]
+fn a_kubectl_list_with_typed_items_converts_with_nothing_left_out() {
+    let before = hub::convert::unknown_fields_total();
+    let list = serde_json::json!({
+        "apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
+        "items": [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a", "namespace": "default"},
+                   "spec": {"containers": [{"name": "c", "image": "busybox"}]}}],
+    });
+    // kubectl's "List" has no schema; its PodList twin does.
+    let mut pod_list = list.clone();
+    pod_list["kind"] = "PodList".into();
+    assert!(matches!(
+        hub::convert::to_protobuf(list.to_string().as_bytes()),
+        Err(hub::convert::ConvertError::NoSchema(_))
+    ));
+    let pb = hub::convert::to_protobuf(pod_list.to_string().as_bytes()).unwrap();
+    let back: Value =
+        serde_json::from_slice(&hub::convert::to_json(&pb, Default::default()).unwrap()).unwrap();
+    assert_eq!(
+        back["items"][0]["spec"]["containers"][0]["image"],
+        "busybox"
+    );
+    assert_eq!(
+        hub::convert::unknown_fields_total(),
+        before,
+        "fields left out"
+    );
+}

@@ -178,7 +178,7 @@ fn object_protobuf(v: &serde_json::Value) -> Result<Vec<u8>, ConvertError> {
     let (api_version, kind) = (text("apiVersion"), text("kind"));
     let msg = kind_message(api_version, kind)?;
     CONVERSIONS.fetch_add(1, Ordering::Relaxed);
-    let raw = to_protobuf::encode_members(msg, obj, true)?;
+    let raw = to_protobuf::encode_members(msg, obj)?;
     Ok(crate::kproto::envelope(api_version, kind, &raw))
 }
 

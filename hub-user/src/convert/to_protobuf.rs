@@ -12,7 +12,6 @@ use serde_json::{Map, Value};
 pub(super) fn encode_members(
     msg: &'static Message,
     obj: &Map<String, Value>,
-    top_level: bool,
 ) -> Result<Vec<u8>, ConvertError> {
     let mut out = Vec::new();
     let mut used = 0usize;
@@ -33,15 +32,12 @@ pub(super) fn encode_members(
         used += 1;
         encode_field(msg, field, v, &mut out)?;
     }
-    // Members this schema does not know (a newer Kubernetes' fields) are left out, counted.
-    let typemeta = if top_level {
-        obj.contains_key("kind") as usize + obj.contains_key("apiVersion") as usize
-    } else {
-        0
-    };
-    if used + typemeta < obj.len() {
+    // Members this schema does not know (a newer Kubernetes' fields) are left out, counted;
+    // an object's kind and apiVersion (its TypeMeta, also on list items kubectl wrote) are
+    // the envelope's, not the message's.
+    if used < obj.len() {
         for k in obj.keys() {
-            if !known(msg, k) && !(top_level && (k == "kind" || k == "apiVersion")) {
+            if !known(msg, k) && k != "kind" && k != "apiVersion" {
                 super::unknown_json_field(msg, k);
             }
         }
@@ -60,7 +56,7 @@ fn inline_members(
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     let n = mine.len();
-    Ok((encode_members(inner, &mine, false)?, n))
+    Ok((encode_members(inner, &mine)?, n))
 }
 
 /// Whether `name` is a member of `msg`'s JSON object, its inlined structs' included.
@@ -139,7 +135,7 @@ fn encode_value(
                 let Value::Object(obj) = v else {
                     return Err(bad());
                 };
-                encode_members(inner, obj, false)?
+                encode_members(inner, obj)?
             };
             put_bytes(out, tag, &bytes);
         }
