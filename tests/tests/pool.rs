@@ -1317,6 +1317,21 @@ fn a_1000_pod_protobuf_list_reaches_the_pool_without_a_cloud_get_and_kubectl_rea
             .all(|p| p["spec"]["nodeName"] == "node-0" && p["status"]["phase"] == "Running"),
         "every pod whole, in JSON"
     );
+    assert!(
+        err.contains("pool coordinator"),
+        "served from the coordinator: {err}"
+    );
+    // And one by name, as `kubectl get pod` asks.
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &[&server, "get", "pod", "p-0042", "-n", "ns1", "-o", "json"],
+    );
+    assert!(ok, "{err}");
+    let pod: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (pod["kind"].as_str(), pod["metadata"]["name"].as_str()),
+        (Some("Pod"), Some("p-0042"))
+    );
 }
 
 /// A kubelet-style client of `node`'s hub: the node's client certificate.
