@@ -54,11 +54,7 @@ pub(super) fn members(
         }
     }
     for field in msg.fields {
-        let values = || {
-            wire.iter()
-                .filter(move |(t, _)| *t == u64::from(field.tag))
-                .map(|(_, v)| *v)
-        };
+        let values = || tagged(&wire, field.tag);
         if field.flags & INLINE != 0 {
             if let (Some(Value::Bytes(b)), Type::Message(m)) = (values().next_back(), field.ty) {
                 members(message(m), b, obj, style)?;
@@ -101,6 +97,16 @@ pub(super) fn members(
     Ok(())
 }
 
+/// The values a message holds for field `tag`, in wire order.
+fn tagged<'a>(
+    wire: &'a [(u64, Value<'a>)],
+    tag: u32,
+) -> impl DoubleEndedIterator<Item = Value<'a>> + 'a {
+    wire.iter()
+        .filter(move |(t, _)| *t == u64::from(tag))
+        .map(|(_, v)| *v)
+}
+
 /// A whole message as a JSON value.
 pub(super) fn message_value(
     msg: &'static Message,
@@ -112,11 +118,7 @@ pub(super) fn message_value(
         // {items: [...]} is the array itself; with no items, null, as Go writes a nil slice.
         let wire = kproto::fields(buf).ok_or_else(|| malformed(msg, "not a protobuf message"))?;
         let field = &msg.fields[0];
-        let mut items = wire
-            .iter()
-            .filter(|(t, _)| *t == u64::from(field.tag))
-            .map(|(_, v)| *v)
-            .peekable();
+        let mut items = tagged(&wire, field.tag).peekable();
         if items.peek().is_none() {
             out.push_str("null");
             return Ok(());
