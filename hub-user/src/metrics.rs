@@ -131,7 +131,7 @@ impl Collector for ConvertCollector {
             ),
             (
                 "fields_left_out",
-                "Fields left out of a conversion: newer than the hub's schema (Kubernetes 1.35)",
+                "Fields left out of a conversion: newer than the hub's schema (Kubernetes 1.36)",
                 crate::convert::unknown_fields_total(),
             ),
         ] {

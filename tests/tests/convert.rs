@@ -508,3 +508,67 @@ fn a_kubectl_list_with_typed_items_converts_with_nothing_left_out() {
         "fields left out"
     );
 }
+
+/// Random objects of every kind, filled and encoded by Kubernetes' own Go code (k8s.io/api
+/// and apimachinery's API fuzzer and serializers, `xtask/kube-oracle`): each one's protobuf
+/// converts to the JSON Go wrote for it, decode-equal, and that JSON converts back to
+/// protobuf and to the same JSON again.
+#[test]
+fn kubernetes_own_random_objects_of_every_kind_convert_to_the_json_go_writes() {
+    use std::io::BufRead;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/kube-oracle/samples.jsonl.gz");
+    let file = std::fs::File::open(&path).unwrap();
+    let lines = std::io::BufReader::new(flate2::read::GzDecoder::new(file)).lines();
+    let style = hub::convert::Style::for_minor(36);
+    let (mut failures, mut samples, mut kinds) = (Vec::new(), 0, std::collections::BTreeSet::new());
+    for line in lines {
+        let sample: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        let name = format!(
+            "{} {} seed {}",
+            sample["apiVersion"].as_str().unwrap(),
+            sample["kind"].as_str().unwrap(),
+            sample["seed"]
+        );
+        use base64::Engine;
+        let pb = base64::engine::general_purpose::STANDARD
+            .decode(sample["protobuf"].as_str().unwrap())
+            .unwrap();
+        samples += 1;
+        kinds.insert(name.rsplit_once(" seed").unwrap().0.to_string());
+        let converted: Value = match hub::convert::to_json(&pb, style) {
+            Ok(j) => serde_json::from_slice(&j).unwrap(),
+            Err(e) => {
+                failures.push(format!("{name}: to JSON: {e}"));
+                continue;
+            }
+        };
+        let mut diffs = Vec::new();
+        differences("", &converted, &sample["json"], &mut diffs);
+        if diffs.is_empty() {
+            let again = hub::convert::to_protobuf(sample["json"].to_string().as_bytes())
+                .and_then(|pb| hub::convert::to_json(&pb, style));
+            match again {
+                Ok(j) => differences(
+                    "",
+                    &serde_json::from_slice(&j).unwrap(),
+                    &sample["json"],
+                    &mut diffs,
+                ),
+                Err(e) => diffs.push(format!("JSON to protobuf and back: {e}")),
+            }
+        }
+        failures.extend(diffs.into_iter().map(|d| format!("{name}: {d}")));
+    }
+    assert!(
+        kinds.len() >= 100,
+        "only {} kinds in {}",
+        kinds.len(),
+        path.display()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} differences in {samples} objects:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

@@ -43,8 +43,11 @@ commands:
                hard failures; --minutes N (default 3), --report PATH (default
                target/soak-report.json; the hubs' logs beside it)
   kube-schema  regenerate hub-user/src/convert/schema_table.rs (the protobuf <-> JSON schema)
-               from k8s-pb and k8s-openapi sources (fetched by cargo) and
-               xtask/kube-schema/overrides.txt; needs python3
+               from Kubernetes' Go API types (Debian's k8s.io/api and apimachinery
+               packages, fetched by apt into a temporary directory); needs python3
+  kube-oracle  regenerate tests/fixtures/kube-oracle: random objects of every kind, in
+               protobuf and JSON, written by Kubernetes' own Go code (built with Debian's
+               Go and k8s.io packages, fetched the same way); --seed S, --count N
   fuzz         mutate recorded inputs through every parser that takes outside bytes
                (hub-fuzz); --seconds N in all (default 60), --seed S; fails on a finding";
 
@@ -56,7 +59,8 @@ fn main() {
         Some("lint") => lint(),
         Some("bench") => bench_cmd(&args[1..]),
         Some("image") => image::run(&args[1..]),
-        Some("kube-schema") => kube_schema(),
+        Some("kube-schema") => kube_script("generate.py", &[]),
+        Some("kube-oracle") => kube_script("oracle.py", &args[1..]),
         Some("bench-doc") => bench_doc::bench_doc(&root(), args.iter().any(|a| a == "--check")),
         Some("soak") => build_bins().and_then(|()| soak::run(&args[1..])),
         Some("fuzz") => build_bins().and_then(|()| fuzz(&args[1..])),
@@ -187,10 +191,12 @@ fn build_bins() -> Result<()> {
     run(build, "build hub and hub-probe")
 }
 
-fn kube_schema() -> Result<()> {
-    let mut generate = Command::new("python3");
-    generate.arg(root().join("xtask/kube-schema/generate.py"));
-    run(generate, "xtask/kube-schema/generate.py")
+/// One of the Kubernetes schema scripts in xtask/kube-schema (they fetch their own sources).
+fn kube_script(script: &str, args: &[String]) -> Result<()> {
+    let path = format!("xtask/kube-schema/{script}");
+    let mut python = Command::new("python3");
+    python.arg(root().join(&path)).args(args);
+    run(python, &path)
 }
 
 fn lint() -> Result<()> {

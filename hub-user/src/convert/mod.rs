@@ -215,7 +215,7 @@ fn note_unknown(what: String) {
     let mut seen = UNKNOWN_SEEN.lock().unwrap_or_else(|e| e.into_inner());
     if seen.get_or_insert_with(HashSet::new).insert(what.clone()) {
         tracing::warn!(
-            "converting between encodings: {what} is unknown to this hub's schema (Kubernetes 1.35) and is left out"
+            "converting between encodings: {what} is unknown to this hub's schema (Kubernetes 1.36) and is left out"
         );
     }
 }

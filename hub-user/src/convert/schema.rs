@@ -36,7 +36,8 @@ pub enum Card {
 /// A scalar held by value with `omitempty`: always on the protobuf wire, its zero dropped in
 /// JSON.
 pub const DROP_ZERO: u8 = 1;
-/// A list or map without `omitempty`: `null` in JSON when empty (absent on the wire).
+/// A list, map, pointer or `[]byte` without `omitempty`: `null` in JSON when absent on the
+/// wire (empty, or a nil pointer).
 pub const NULL_IF_ABSENT: u8 = 2;
 /// A List kind's items: `[]` when empty, as kube-apiserver writes them.
 pub const EMPTY_LIST: u8 = 4;

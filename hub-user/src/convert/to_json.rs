@@ -64,6 +64,9 @@ pub(super) fn members(
         match field.card {
             Card::One => {
                 let Some(v) = values().next_back() else {
+                    if field.flags & NULL_IF_ABSENT != 0 {
+                        obj.key(field.json).push_str("null");
+                    }
                     continue;
                 };
                 if field.flags & DROP_ZERO != 0 && is_zero(v) {
@@ -115,12 +118,16 @@ pub(super) fn message_value(
     style: Style,
 ) -> Result<(), ConvertError> {
     if msg.items_only {
-        // {items: [...]} is the array itself; with no items, null, as Go writes a nil slice.
+        // {items: [...]} is the array itself; Go's protobuf decoder makes an empty one `[]`.
         let wire = kproto::fields(buf).ok_or_else(|| malformed(msg, "not a protobuf message"))?;
         let field = &msg.fields[0];
         let mut items = tagged(&wire, field.tag).peekable();
         if items.peek().is_none() {
-            out.push_str("null");
+            out.push_str(if field.flags & EMPTY_LIST != 0 {
+                "[]"
+            } else {
+                "null"
+            });
             return Ok(());
         }
         return array(msg, field, items, out, style);

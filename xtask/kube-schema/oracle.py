@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Writes tests/fixtures/kube-oracle/samples.jsonl.gz: random objects of every kind the hub
+converts, filled, encoded to protobuf and decoded and written as JSON by Kubernetes' own Go
+code (oracle/main.go), for tests/tests/convert.rs to check the hub's converter against.
+
+Run by `cargo xtask kube-oracle [--seed S] [--count N]`. Go, k8s.io/api and k8s.io/apimachinery
+come from Debian's packages (debian.py) and are built in GOPATH mode in a temporary directory.
+"""
+import argparse
+import glob
+import gzip
+import os
+import shutil
+import subprocess
+import tempfile
+
+import debian
+
+PACKAGES = ["golang-go", "golang-k8s-api-dev", "golang-k8s-apimachinery-dev"]
+
+
+def main():
+    args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    args.add_argument("--seed", type=int, default=1)
+    args.add_argument("--count", type=int, default=10, help="objects per kind")
+    args = args.parse_args()
+    here = os.path.dirname(os.path.abspath(__file__))
+    out_dir = os.path.join(here, "..", "..", "tests", "fixtures", "kube-oracle")
+    with tempfile.TemporaryDirectory() as d:
+        root, versions = debian.fetch(d, PACKAGES, with_dependencies=True)
+        goroot = glob.glob(os.path.join(root, "usr", "lib", "go-*"))[0]
+        src = os.path.join(d, "src")
+        os.makedirs(src)
+        shutil.copy(os.path.join(here, "oracle", "main.go"), src)
+        env = dict(os.environ, GOROOT=goroot, GOPATH=os.path.join(root, "usr", "share", "gocode"),
+                   GO111MODULE="off", GOTOOLCHAIN="local", GOFLAGS="",
+                   GOCACHE=os.path.join(d, "gocache"))
+        oracle = os.path.join(d, "kube-oracle")
+        subprocess.run([os.path.join(goroot, "bin", "go"), "build", "-o", oracle, "."],
+                       cwd=src, env=env, check=True)
+        samples = subprocess.run([oracle, str(args.seed), str(args.count)], check=True,
+                                 capture_output=True).stdout
+    os.makedirs(out_dir, exist_ok=True)
+    with gzip.GzipFile(os.path.join(out_dir, "samples.jsonl.gz"), "wb", 9, mtime=0) as f:
+        f.write(samples)
+    with open(os.path.join(out_dir, "SOURCES"), "w") as f:
+        f.write(f"seed {args.seed}, {args.count} objects per kind, written by "
+                "xtask/kube-schema/oracle/main.go built with Debian's\n")
+        for p in ("golang-go", "golang-k8s-api-dev", "golang-k8s-apimachinery-dev"):
+            f.write(f"{p} {versions[p]}\n")
+    objects = samples.count(b"\n")
+    print(f"{out_dir}/samples.jsonl.gz: {objects} objects")
+
+
+if __name__ == "__main__":
+    main()
