@@ -47,7 +47,9 @@ commands:
                packages, fetched by apt into a temporary directory); needs python3
   kube-oracle  regenerate tests/fixtures/kube-oracle: random objects of every kind, in
                protobuf and JSON, written by Kubernetes' own Go code (built with Debian's
-               Go and k8s.io packages, fetched the same way); --seed S, --count N
+               Go and k8s.io packages, fetched the same way); --seed S, --count N;
+               --check-hub HUB: instead, check that Go reads HUB's JSON -> protobuf
+               of every sample as the same object
   fuzz         mutate recorded inputs through every parser that takes outside bytes
                (hub-fuzz); --seconds N in all (default 60), --seed S; fails on a finding";
 

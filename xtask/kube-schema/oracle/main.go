@@ -4,13 +4,17 @@
 // checked against them (tests/fixtures/kube-oracle).
 //
 //	kube-oracle SEED COUNT > samples.jsonl
+//	kube-oracle decode < protobuf.b64 > objects.jsonl
 //
 // One line per object: {"apiVersion", "kind", "seed", "protobuf": base64, "json": object}.
+// `decode` reads protobuf objects written by someone else (one base64 line each) the way
+// kube-apiserver reads them from etcd, and writes each one's JSON (or {"error": ...}).
 // Objects are filled by apimachinery's API fuzzer (the one k8s.io/api's round-trip tests use),
 // so every field of every kind is set in some sample, zeros and empty lists included.
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
@@ -62,6 +66,10 @@ type sample struct {
 }
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == "decode" {
+		decode()
+		return
+	}
 	if len(os.Args) != 3 {
 		fmt.Fprintln(os.Stderr, "usage: kube-oracle SEED COUNT")
 		os.Exit(2)
@@ -72,12 +80,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kube-oracle: SEED and COUNT are numbers")
 		os.Exit(2)
 	}
-	scheme := runtime.NewScheme()
-	for _, b := range groups {
-		if err := b.AddToScheme(scheme); err != nil {
-			panic(err)
-		}
-	}
+	scheme := newScheme()
 	codecs := serializer.NewCodecFactory(scheme)
 	pb := protobuf.NewSerializer(scheme, scheme)
 	js := jsonserializer.NewSerializerWithOptions(jsonserializer.DefaultMetaFactory, scheme, scheme,
@@ -120,13 +123,7 @@ func main() {
 			if err != nil {
 				panic(fmt.Sprintf("%s: decode: %v", gvk, err))
 			}
-			back.GetObjectKind().SetGroupVersionKind(gvk)
-			if items, err := meta.ExtractList(back); err == nil && len(items) == 0 {
-				// kube-apiserver's lists always hold a slice: `items: []` when empty.
-				if err := meta.SetList(back, []runtime.Object{}); err != nil {
-					panic(err)
-				}
-			}
+			asServed(back, gvk)
 			if err := js.Encode(back, &j); err != nil {
 				panic(err)
 			}
@@ -135,5 +132,54 @@ func main() {
 				panic(err)
 			}
 		}
+	}
+}
+
+// asServed makes a decoded object what kube-apiserver serves: its kind set, and a list's
+// items a slice (`items: []` when empty, never null).
+func asServed(obj runtime.Object, gvk schema.GroupVersionKind) {
+	obj.GetObjectKind().SetGroupVersionKind(gvk)
+	if items, err := meta.ExtractList(obj); err == nil && len(items) == 0 {
+		if err := meta.SetList(obj, []runtime.Object{}); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func newScheme() *runtime.Scheme {
+	scheme := runtime.NewScheme()
+	for _, b := range groups {
+		if err := b.AddToScheme(scheme); err != nil {
+			panic(err)
+		}
+	}
+	return scheme
+}
+
+func decode() {
+	scheme := newScheme()
+	pb := protobuf.NewSerializer(scheme, scheme)
+	js := jsonserializer.NewSerializerWithOptions(jsonserializer.DefaultMetaFactory, scheme, scheme,
+		jsonserializer.SerializerOptions{})
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 1<<20), 64<<20)
+	for in.Scan() {
+		var out bytes.Buffer
+		raw, err := base64.StdEncoding.DecodeString(in.Text())
+		var obj runtime.Object
+		var gvk *schema.GroupVersionKind
+		if err == nil {
+			obj, gvk, err = pb.Decode(raw, nil, nil)
+		}
+		if err == nil {
+			asServed(obj, *gvk)
+			err = js.Encode(obj, &out)
+		}
+		if err != nil {
+			msg, _ := json.Marshal(map[string]string{"error": err.Error()})
+			fmt.Println(string(msg))
+			continue
+		}
+		fmt.Println(string(bytes.TrimSpace(out.Bytes())))
 	}
 }
