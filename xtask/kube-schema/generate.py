@@ -69,11 +69,10 @@ class Schema:
         """The table type of one value of a field: a scalar, a special or a message name."""
         if go_type in SPECIAL:
             return SPECIAL[go_type]
-        if go_type in self.named and self.underlying(go_type).startswith("[]") \
-                and self.underlying(go_type) != "[]byte":
+        base = self.underlying(go_type)
+        if go_type in self.named and base.startswith("[]") and base != "[]byte":
             self.items_only.add(go_type)  # `map[string]ExtraValue`
             return go_type
-        base = self.underlying(go_type)
         if base in SCALARS:
             return SCALARS[base]
         if base in self.structs:
