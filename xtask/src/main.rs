@@ -50,6 +50,10 @@ commands:
                Go and k8s.io packages, fetched the same way); --seed S, --count N;
                --check-hub HUB: instead, check that Go reads HUB's JSON -> protobuf
                of every sample as the same object
+  kube-storage check that kube-apiserver's own storage code (k8s.io/apiserver's storage
+               factory, etcd3 store and watch cache, built with Debian's packages) reads
+               every object a hub pushes to the pool as the cloud's object; --reader PATH
+               reuses a storage-reader built before, --keep PATH keeps the one built
   fuzz         mutate recorded inputs through every parser that takes outside bytes
                (hub-fuzz); --seconds N in all (default 60), --seed S; fails on a finding";
 
@@ -63,6 +67,9 @@ fn main() {
         Some("image") => image::run(&args[1..]),
         Some("kube-schema") => kube_script("generate.py", &[]),
         Some("kube-oracle") => kube_script("oracle.py", &args[1..]),
+        Some("kube-storage") => {
+            build_bins().and_then(|()| kube_script("storage_reader.py", &args[1..]))
+        }
         Some("bench-doc") => bench_doc::bench_doc(&root(), args.iter().any(|a| a == "--check")),
         Some("soak") => build_bins().and_then(|()| soak::run(&args[1..])),
         Some("fuzz") => build_bins().and_then(|()| fuzz(&args[1..])),
