@@ -266,6 +266,8 @@ fn test(no_lint: bool) -> Result<()> {
         bail!("no privileged test ran");
     }
     eprintln!("xtask: {ran} privileged tests ran, none skipped");
+    eprintln!("xtask: kube-apiserver's storage code reads what a hub pushed to the pool");
+    kube_script("storage_reader.py", &[])?;
     fuzz(&["--seconds".into(), "60".into()])?;
     eprintln!("xtask: running the demo (its every step is checked)");
     demo::run(false)?;
