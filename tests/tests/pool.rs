@@ -977,6 +977,15 @@ fn every_key_under_the_prefix_is_one_kube_apiserver_would_read() {
             "EndpointSlice",
             true,
         ),
+        ("csinodes", false, "storage.k8s.io/v1", "CSINode", true),
+        ("csidrivers", false, "storage.k8s.io/v1", "CSIDriver", true),
+        (
+            "runtimeclasses",
+            false,
+            "node.k8s.io/v1",
+            "RuntimeClass",
+            true,
+        ),
         (
             "example.hub.dev/widgets",
             true,
@@ -1052,7 +1061,8 @@ fn every_key_under_the_prefix_is_one_kube_apiserver_would_read() {
 }
 
 /// A node's reads, pushed to the pool: the cloud (a node, a service with its endpoints and
-/// slice, a ConfigMap, two pods, a custom resource), and node-0's hub in a pool on `etcd`
+/// slice, a ConfigMap, two pods, the node's CSINode, a CSIDriver, a RuntimeClass, a custom
+/// resource), and node-0's hub in a pool on `etcd`
 /// after its kubelet, kube-proxy and flanneld read them, each in the encoding it reads in,
 /// and every key of [`PUSHED_KEYS`] is in etcd.
 struct PushedReads {
@@ -1064,7 +1074,7 @@ struct PushedReads {
     kvs: Vec<(String, Vec<u8>)>,
 }
 
-const PUSHED_KEYS: [&str; 8] = [
+const PUSHED_KEYS: [&str; 11] = [
     "/registry/pods/default/app",
     "/registry/pods/default/plain",
     "/registry/minions/node-0",
@@ -1072,28 +1082,68 @@ const PUSHED_KEYS: [&str; 8] = [
     "/registry/services/specs/default/web",
     "/registry/services/endpoints/default/web",
     "/registry/endpointslices/default/web-abc12",
+    "/registry/csinodes/node-0",
+    "/registry/csidrivers/csi.example.com",
+    "/registry/runtimeclasses/runc",
     "/registry/example.hub.dev/widgets/default/gear",
 ];
 
-/// What the kubelet, kube-proxy and flanneld of node-0 read: (user agent, Accept, path).
-const NODE_READS: [(&str, &str, &str); 7] = [
+/// What the kubelet, kube-proxy and flanneld of node-0 read: user agent, Accept, path, and
+/// the resource as the storage reader names it (apiVersion/resource/Kind/scope).
+const NODE_READS: [(&str, &str, &str, &str); 10] = [
     (
         "kubelet/v1.32.0",
         PROTOBUF_FIRST,
         "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-0",
+        "v1/pods/Pod/namespaced",
     ),
-    ("kubelet/v1.32.0", PROTOBUF_FIRST, "/api/v1/nodes/node-0"),
+    (
+        "kubelet/v1.32.0",
+        PROTOBUF_FIRST,
+        "/api/v1/nodes/node-0",
+        "v1/nodes/Node/cluster",
+    ),
     (
         "kubelet/v1.32.0",
         "application/json",
         "/api/v1/namespaces/default/configmaps/conf",
+        "v1/configmaps/ConfigMap/namespaced",
     ),
-    ("kube-proxy/v1.32.0", PROTOBUF_FIRST, "/api/v1/services"),
-    ("kube-proxy/v1.32.0", PROTOBUF_FIRST, "/api/v1/endpoints"),
+    (
+        "kubelet/v1.32.0",
+        PROTOBUF_FIRST,
+        "/apis/storage.k8s.io/v1/csinodes/node-0",
+        "storage.k8s.io/v1/csinodes/CSINode/cluster",
+    ),
+    (
+        "kubelet/v1.32.0",
+        PROTOBUF_FIRST,
+        "/apis/storage.k8s.io/v1/csidrivers",
+        "storage.k8s.io/v1/csidrivers/CSIDriver/cluster",
+    ),
+    (
+        "kubelet/v1.32.0",
+        PROTOBUF_FIRST,
+        "/apis/node.k8s.io/v1/runtimeclasses",
+        "node.k8s.io/v1/runtimeclasses/RuntimeClass/cluster",
+    ),
+    (
+        "kube-proxy/v1.32.0",
+        PROTOBUF_FIRST,
+        "/api/v1/services",
+        "v1/services/Service/namespaced",
+    ),
+    (
+        "kube-proxy/v1.32.0",
+        PROTOBUF_FIRST,
+        "/api/v1/endpoints",
+        "v1/endpoints/Endpoints/namespaced",
+    ),
     (
         "kube-proxy/v1.32.0",
         PROTOBUF_FIRST,
         "/apis/discovery.k8s.io/v1/endpointslices",
+        "discovery.k8s.io/v1/endpointslices/EndpointSlice/namespaced",
     ),
     // A custom resource, whose only encoding is JSON, read by one of the components the
     // hub caches for by default.
@@ -1101,6 +1151,7 @@ const NODE_READS: [(&str, &str, &str); 7] = [
         "flanneld/v0.26.1",
         PROTOBUF_FIRST,
         "/apis/example.hub.dev/v1/widgets",
+        "example.hub.dev/v1/widgets/Widget/namespaced",
     ),
 ];
 
@@ -1114,6 +1165,30 @@ fn a_node_s_reads_pushed(etcd: &EtcdCluster) -> PushedReads {
     seed::configmap(store, "default", "conf", serde_json::json!({"k": "v"}));
     seed::pod_mounting(store, "default", "app", "node-0", "app", &["conf"], &[]);
     seed::pod(store, "default", "plain", "node-0", "plain");
+    seed::put(
+        store,
+        "csinodes",
+        "storage.k8s.io",
+        "",
+        serde_json::json!({"metadata": {"name": "node-0"}, "spec": {"drivers": [
+            {"name": "csi.example.com", "nodeID": "node-0", "topologyKeys": ["topology.example.com/zone"]},
+        ]}}),
+    );
+    seed::put(
+        store,
+        "csidrivers",
+        "storage.k8s.io",
+        "",
+        serde_json::json!({"metadata": {"name": "csi.example.com"},
+            "spec": {"attachRequired": false, "podInfoOnMount": true}}),
+    );
+    seed::put(
+        store,
+        "runtimeclasses",
+        "node.k8s.io",
+        "",
+        serde_json::json!({"metadata": {"name": "runc"}, "handler": "runc"}),
+    );
     seed::put(
         store,
         "widgets",
@@ -1133,7 +1208,7 @@ fn a_node_s_reads_pushed(etcd: &EtcdCluster) -> PushedReads {
         .unwrap();
     let node = start_named_hub(&cloud, &pki, etcd, "node-0", "");
     let c = kubelet_of(&node, &ca, &pki);
-    for (ua, accept, path) in NODE_READS {
+    for (ua, accept, path, _) in NODE_READS {
         let r = c
             .request("GET", path, &[("User-Agent", ua), ("Accept", accept)], &[])
             .unwrap();
@@ -1169,26 +1244,10 @@ fn kube_apiserver_s_storage_code_reads_every_object_the_pool_holds() {
         .expect("HUB_STORAGE_READER: the storage reader `cargo xtask kube-storage` builds");
     let etcd = EtcdCluster::start(1);
     let pushed = a_node_s_reads_pushed(&etcd);
-    // Each pushed resource as the reader names it, and the cloud's answer to the node's read.
-    let resources = [
-        ("v1/pods/Pod/namespaced", NODE_READS[0].2),
-        ("v1/nodes/Node/cluster", NODE_READS[1].2),
-        ("v1/configmaps/ConfigMap/namespaced", NODE_READS[2].2),
-        ("v1/services/Service/namespaced", NODE_READS[3].2),
-        ("v1/endpoints/Endpoints/namespaced", NODE_READS[4].2),
-        (
-            "discovery.k8s.io/v1/endpointslices/EndpointSlice/namespaced",
-            NODE_READS[5].2,
-        ),
-        (
-            "example.hub.dev/v1/widgets/Widget/namespaced",
-            NODE_READS[6].2,
-        ),
-    ];
     let out = std::process::Command::new(&reader)
         .arg("--etcd")
         .arg(&etcd.endpoints()[0])
-        .args(resources.iter().map(|(r, _)| r))
+        .args(NODE_READS.map(|(.., resource)| resource))
         .output()
         .unwrap_or_else(|e| panic!("{reader}: {e}"));
     assert!(
@@ -1207,7 +1266,7 @@ fn kube_apiserver_s_storage_code_reads_every_object_the_pool_holds() {
         Some(ADMIN_TOKEN),
         None,
     );
-    for (resource, path) in resources {
+    for (_, _, path, resource) in NODE_READS {
         let name = resource.split('/').rev().nth(2).unwrap();
         let reply = admin.get(path);
         assert_eq!(reply.status, 200, "{path}");
