@@ -1062,9 +1062,9 @@ fn every_key_under_the_prefix_is_one_kube_apiserver_would_read() {
 
 /// A node's reads, pushed to the pool: the cloud (a node, a service with its endpoints and
 /// slice, a ConfigMap, two pods, the node's CSINode, a CSIDriver, a RuntimeClass, a custom
-/// resource), and node-0's hub in a pool on `etcd`
-/// after its kubelet, kube-proxy and flanneld read them, each in the encoding it reads in,
-/// and every key of [`PUSHED_KEYS`] is in etcd.
+/// resource), and node-0's hub in a pool on `etcd` after its kubelet, kube-proxy and
+/// flanneld read them, each in the encoding it reads in, and every key of [`PUSHED_KEYS`]
+/// is in etcd.
 struct PushedReads {
     cloud: StandIn,
     ca: Arc<TestCa>,
