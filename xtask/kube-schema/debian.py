@@ -1,7 +1,9 @@
 """Debian packages fetched into a directory of their own: downloaded with apt from Debian
 unstable (which carries Kubernetes' Go sources and a current Go) and unpacked there, with
 nothing installed on the machine and the machine's apt state untouched."""
+import glob
 import os
+import shutil
 import subprocess
 
 SUITE = "sid"
@@ -41,3 +43,18 @@ def fetch(workdir, packages, with_dependencies=False):
         versions[name] = version
         subprocess.run(["dpkg-deb", "-x", path, root], check=True)
     return root, versions
+
+
+def go_build(root, workdir, main_go, output):
+    """Builds the one-file Go program main_go into output with the Go toolchain and
+    libraries fetch() unpacked under root, in GOPATH mode (Debian's Go packages are
+    GOPATH sources, not modules)."""
+    goroot = glob.glob(os.path.join(root, "usr", "lib", "go-*"))[0]
+    src = os.path.join(workdir, "src", os.path.basename(output))
+    os.makedirs(src)
+    shutil.copy(main_go, src)
+    env = dict(os.environ, GOROOT=goroot, GOPATH=os.path.join(root, "usr", "share", "gocode"),
+               GO111MODULE="off", GOTOOLCHAIN="local", GOFLAGS="",
+               GOCACHE=os.path.join(workdir, "gocache"))
+    subprocess.run([os.path.join(goroot, "bin", "go"), "build", "-o", output, "."],
+                   cwd=src, env=env, check=True)

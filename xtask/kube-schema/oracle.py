@@ -13,11 +13,9 @@ the sample's JSON.
 """
 import argparse
 import base64
-import glob
 import gzip
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,16 +35,8 @@ def main():
     out_dir = os.path.join(here, "..", "..", "tests", "fixtures", "kube-oracle")
     with tempfile.TemporaryDirectory() as d:
         root, versions = debian.fetch(d, PACKAGES, with_dependencies=True)
-        goroot = glob.glob(os.path.join(root, "usr", "lib", "go-*"))[0]
-        src = os.path.join(d, "src")
-        os.makedirs(src)
-        shutil.copy(os.path.join(here, "oracle", "main.go"), src)
-        env = dict(os.environ, GOROOT=goroot, GOPATH=os.path.join(root, "usr", "share", "gocode"),
-                   GO111MODULE="off", GOTOOLCHAIN="local", GOFLAGS="",
-                   GOCACHE=os.path.join(d, "gocache"))
         oracle = os.path.join(d, "kube-oracle")
-        subprocess.run([os.path.join(goroot, "bin", "go"), "build", "-o", oracle, "."],
-                       cwd=src, env=env, check=True)
+        debian.go_build(root, d, os.path.join(here, "oracle", "main.go"), oracle)
         samples = subprocess.run([oracle, str(args.seed), str(args.count)], check=True,
                                  capture_output=True).stdout
         if args.check_hub:

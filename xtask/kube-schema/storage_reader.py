@@ -8,7 +8,6 @@ hands it a coordinator's etcd: kube_apiserver_s_storage_code_reads_every_object_
 Run by `cargo xtask kube-storage [--reader PATH] [--keep PATH]`.
 """
 import argparse
-import glob
 import os
 import shutil
 import subprocess
@@ -34,16 +33,8 @@ def main():
         print("k8s.io/apiserver", versions["golang-k8s-apiserver-dev"],
               "client-go", versions["golang-k8s-client-go-dev"],
               "Go", versions["golang-go"], flush=True)
-        goroot = glob.glob(os.path.join(root, "usr", "lib", "go-*"))[0]
-        src = os.path.join(d, "src", "storage-reader")
-        os.makedirs(src)
-        shutil.copy(os.path.join(here, "storage-reader", "main.go"), src)
-        env = dict(os.environ, GOROOT=goroot, GOPATH=os.path.join(root, "usr", "share", "gocode"),
-                   GO111MODULE="off", GOTOOLCHAIN="local", GOFLAGS="",
-                   GOCACHE=os.path.join(d, "gocache"))
         reader = os.path.join(d, "storage-reader")
-        subprocess.run([os.path.join(goroot, "bin", "go"), "build", "-o", reader, "."],
-                       cwd=src, env=env, check=True)
+        debian.go_build(root, d, os.path.join(here, "storage-reader", "main.go"), reader)
         if args.keep:
             shutil.copy(reader, args.keep)
         return run_test(here, reader)
