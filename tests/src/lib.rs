@@ -78,6 +78,28 @@ pub fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String, St
     )
 }
 
+/// Runs `cmd` with `input` on its stdin and returns its output (stdout and stderr
+/// captured). The input is written from a thread, so an output larger than a pipe holds
+/// never stalls the write.
+pub fn output_with_stdin(cmd: &mut std::process::Command, input: &[u8]) -> std::process::Output {
+    use std::{io::Write, process::Stdio};
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().expect("the command's output");
+    writer
+        .join()
+        .expect("the stdin writer")
+        .expect("writing stdin");
+    out
+}
+
 /// kubectl that must succeed; its stdout.
 pub fn kubectl_ok(kubeconfig: &std::path::Path, args: &[&str]) -> String {
     let (ok, out, err) = kubectl(kubeconfig, args);

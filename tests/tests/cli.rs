@@ -155,21 +155,16 @@ fn check_warns_when_interception_would_reach_the_whole_host() {
 /// back to it; what is neither is refused in one line.
 #[test]
 fn convert_turns_a_recorded_pod_into_the_apiserver_s_json_and_back() {
-    use std::io::Write;
     let dir =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/wire/kube-apiserver-1.36");
     let pb = std::fs::read(dir.join("dual-pod-protobuf/response.body")).unwrap();
     let recorded: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("dual-pod-json/response.body")).unwrap())
             .unwrap();
-    let mut child = Command::new(hub_bin())
-        .args(["convert", "--server-minor", "36"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(&pb).unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = hub_tests::output_with_stdin(
+        Command::new(hub_bin()).args(["convert", "--server-minor", "36"]),
+        &pb,
+    );
     assert!(out.status.success());
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json, recorded);

@@ -11,7 +11,7 @@ use hub_tests::{
     apiserver::{ADMIN_TOKEN, Options, StandIn, auth::Rule, client::Client, seed, tls::TestCa},
     etcd::EtcdCluster,
     hub::{HubProc, LOOPBACK_NODE, LoopbackHub},
-    kubectl, wait_for,
+    kubectl, output_with_stdin, wait_for,
 };
 use serde_json::Value;
 
@@ -1297,7 +1297,6 @@ fn kube_apiserver_s_storage_code_reads_every_object_the_pool_holds() {
 /// once decoded: the stand-in leaves out some fields Go writes for their zero value (a
 /// zero time as null, an empty struct as {}), the same object either way.
 fn as_kube_apiserver_writes(reader: &str, resource: &str, objects: Vec<Value>) -> Vec<Value> {
-    use std::io::Write;
     let parts: Vec<&str> = resource.rsplitn(4, '/').collect();
     let (api_version, kind) = (parts[3], parts[1]);
     let mut input = Vec::new();
@@ -1307,15 +1306,7 @@ fn as_kube_apiserver_writes(reader: &str, resource: &str, objects: Vec<Value>) -
         serde_json::to_writer(&mut input, &o).unwrap();
         input.push(b'\n');
     }
-    let mut child = std::process::Command::new(reader)
-        .arg("normalize")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(&input).unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = output_with_stdin(std::process::Command::new(reader).arg("normalize"), &input);
     assert!(
         out.status.success(),
         "{}",
