@@ -1,6 +1,7 @@
 """Kubernetes' Go API types (k8s.io/api, k8s.io/apimachinery), read for everything the
 protobuf <-> JSON schema needs: per struct field, its protobuf number, its JSON name and
-options (`omitempty`, `omitzero`, `inline`), and its Go type — which says whether it is held
+options (`omitempty`, `omitzero`, `inline`), its strategic-merge-patch strategy and merge
+key, and its Go type — which says whether it is held
 by pointer or by value, a list, a map or another struct, and so its wire type (the protobuf
 tag's own words for wire type and repetition are not always right).
 
@@ -16,8 +17,12 @@ PACKAGES = ["golang-k8s-api-dev", "golang-k8s-apimachinery-dev"]
 
 
 class Field:
-    def __init__(self, go_name, go_type, json_tag, pb_tag):
+    def __init__(self, go_name, go_type, json_tag, pb_tag, patch_strategy="", patch_merge_key=""):
         self.go_name = go_name
+        # Strategic merge patch: "merge", "replace", "retainKeys" or "merge,retainKeys", and
+        # the key list elements are matched by.
+        self.patch_strategy = patch_strategy
+        self.patch_merge_key = patch_merge_key
         name, *opts = json_tag.split(",")
         self.json = name
         self.inline = "inline" in opts
@@ -60,8 +65,12 @@ def parse(k8s_io, modules):
                         type_meta = True
                     if not json_tag or not pb_tag or json_tag.group(1) == "-":
                         continue
+                    strategy = re.search(r'patchStrategy:"([^"]*)"', tags)
+                    merge_key = re.search(r'patchMergeKey:"([^"]*)"', tags)
                     fields.append(Field(go_name or go_type.rsplit(".", 1)[-1], qualify(go_type),
-                                        json_tag.group(1), pb_tag.group(1)))
+                                        json_tag.group(1), pb_tag.group(1),
+                                        strategy.group(1) if strategy else "",
+                                        merge_key.group(1) if merge_key else ""))
                 structs[module + "/" + m.group(1)] = Struct(fields, type_meta)
     return structs, named
 

@@ -107,6 +107,39 @@ fn kind_message(api_version: &str, kind: &str) -> Result<&'static Message, Conve
         .ok_or_else(|| ConvertError::NoSchema(format!("{api_version} {kind}")))
 }
 
+/// The schema's message of a kind, by index (what the patch walkers start from).
+pub fn kind_index(api_version: &str, kind: &str) -> Option<u16> {
+    schema_table::KINDS
+        .iter()
+        .find(|k| k.api_version == api_version && k.kind == kind)
+        .map(|k| k.message)
+}
+
+/// A field of message `index` by its JSON name, looking into structs Go inlines: the
+/// message that declares it (for `merge_key`) and the field.
+pub fn json_field(index: u16, name: &str) -> Option<(u16, &'static schema::Field)> {
+    let msg = message(index);
+    if let Some(f) = msg.fields.iter().find(|f| f.json == name) {
+        return Some((index, f));
+    }
+    msg.fields
+        .iter()
+        .filter(|f| f.flags & schema::INLINE != 0)
+        .find_map(|f| match f.ty {
+            schema::Type::Message(inner) => json_field(inner, name),
+            _ => None,
+        })
+}
+
+/// The key a strategic merge patch matches the elements of list `tag` of message `index`
+/// by, if it merges them by one.
+pub fn merge_key(index: u16, tag: u32) -> Option<&'static str> {
+    schema_table::MERGE_KEYS
+        .binary_search_by(|(m, t, _)| (*m, *t).cmp(&(index, tag)))
+        .ok()
+        .map(|i| schema_table::MERGE_KEYS[i].2)
+}
+
 /// Whether objects of this kind (or its list) can be converted.
 pub fn has_schema(api_version: &str, kind: &str) -> bool {
     kind_message(api_version, kind).is_ok()

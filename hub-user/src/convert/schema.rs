@@ -47,6 +47,14 @@ pub const INLINE: u8 = 8;
 /// A struct Go tags `omitzero`: kube-apiserver 1.34 and later leave its zero out of JSON,
 /// older ones write `null` (metadata.creationTimestamp).
 pub const OMITZERO: u8 = 16;
+/// Strategic merge patch merges this list (by its merge key, `MERGE_KEYS`, or as a set of
+/// scalars) or this map, rather than replacing it.
+pub const PATCH_MERGE: u8 = 32;
+/// Strategic merge patch replaces this value whole.
+pub const PATCH_REPLACE: u8 = 64;
+/// Strategic merge patch honours `$retainKeys` in this value (a union such as a volume's
+/// source).
+pub const RETAIN_KEYS: u8 = 128;
 
 #[derive(Debug)]
 pub struct Field {
