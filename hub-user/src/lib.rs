@@ -15,6 +15,7 @@ pub mod gzip;
 pub mod install;
 pub mod intercept;
 pub mod kproto;
+pub mod live;
 pub mod metrics;
 pub mod owner;
 pub mod proxy;

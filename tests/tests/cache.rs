@@ -611,7 +611,8 @@ fn offline_node_writes_are_queued_and_replayed_in_order() {
     );
     assert_eq!(r.status, 503);
     assert!(String::from_utf8_lossy(&r.body).contains("offline"));
-    assert_eq!(hub.status()["cache"]["queued"], 4);
+    // The pod's two status writes fold into one queued write.
+    assert_eq!(hub.status()["cache"]["queued"], 3);
 
     // The cloud comes back not yet authorizing nodes (403), as a freshly started
     // kube-apiserver does until it has loaded RBAC: the replay waits it out.
@@ -631,7 +632,7 @@ fn offline_node_writes_are_queued_and_replayed_in_order() {
     let cache = hub.status()["cache"].clone();
     assert_eq!(
         (cache["replayed"].as_u64(), cache["queued"].as_u64()),
-        (Some(0), Some(4)),
+        (Some(0), Some(3)),
         "refused replays stay queued: {cache}"
     );
     // The cloud answers again, but the queue has not drained: a new status must wait
@@ -670,9 +671,10 @@ fn offline_node_writes_are_queued_and_replayed_in_order() {
         let c = hub.status()["cache"].clone();
         (c["queued"] == 0).then_some(c)
     });
-    assert_eq!(
-        (cache["replayed"].as_u64(), cache["replay_dropped"].as_u64()),
-        (Some(5), Some(0)),
+    // One write per object (the pod's, its lease's, the event), or one more for the pod
+    // when its third status came in while its replay was on the wire.
+    assert!(
+        matches!(cache["replayed"].as_u64(), Some(3 | 4)) && cache["replay_dropped"] == 0,
         "{cache}"
     );
     // Visible in the cloud, in order (the latest patch wins); the renewal's conflict was
@@ -692,9 +694,9 @@ fn offline_node_writes_are_queued_and_replayed_in_order() {
         .iter()
         .filter(|a| a.path == status_path && a.method == "PATCH")
         .collect();
-    // Every patch arrived (the first also once or more while nodes got 403); their
-    // order is the one the final state above proves.
-    assert!(patches.len() >= 3, "{patches:?}");
+    // The pod's writes arrived folded (once or more while nodes got 403); the final
+    // state above proves the newest won.
+    assert!(!patches.is_empty(), "{patches:?}");
     assert!(
         audit
             .iter()
@@ -1535,7 +1537,10 @@ fn a_kubelet_rides_out_an_outage_and_an_offline_restart(version: &str) {
         Duration::from_secs(60),
         || {
             let c = &hub.status()["cache"];
-            (c["queued"] == 0 && c["replayed"].as_u64() >= Some(6)).then_some(())
+            // At least the lease's renewals as one write and the two events created (the
+            // patches of an event the cloud never had are dropped); a status write that
+            // asks for what the cloud already holds sends nothing.
+            (c["queued"] == 0 && c["replayed"].as_u64() >= Some(3)).then_some(())
         },
     );
     let events = admin.get("/api/v1/namespaces/ns1/events").json();

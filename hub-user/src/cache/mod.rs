@@ -13,7 +13,6 @@ pub mod fingerprint;
 pub mod inspect;
 pub mod objects;
 pub mod offline;
-mod patch;
 mod repeats;
 mod scan;
 pub mod select;
@@ -123,6 +122,8 @@ pub struct CacheStatus {
 
 pub struct Cache {
     store: Arc<Store>,
+    /// What the node wrote while offline, served in place of the cloud's copies.
+    live: Arc<crate::live::state::LiveState>,
     writer: Writer,
     stats: Arc<Stats>,
     components: Vec<String>,
@@ -213,12 +214,15 @@ impl Cache {
             *stats.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(n.clone());
         }
         let writer = writer::start(store.clone(), stats.clone());
+        let live = Arc::new(crate::live::state::LiveState::new(store.clone()));
         Ok((
             Cache {
                 server: Server {
                     store: store.clone(),
+                    live: live.clone(),
                 },
                 store,
+                live,
                 writer,
                 stats,
                 components,

@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::scan;
 use crate::{convert, kproto};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Encoding {
     Json,

@@ -1,11 +1,13 @@
 //! Writes while the cloud is unreachable (issue 6 §4). A node must keep renewing its lease,
 //! reporting node and pod status and recording events through an outage; those writes —
 //! from the node identity only, so no caller's token is ever stored — are accepted: kept
-//! durably in the store's outbox in the same transaction that applies them to the cached
-//! object, answered with the resulting object and a Warning that says they are queued, and
-//! replayed to the cloud in order once it is back. A conflict is resolved by re-reading the
-//! object and retrying once; what cannot be replayed is logged and counted. Every other
-//! write gets a 503 naming the offline state (never a fake success).
+//! durably in the store's outbox, answered with the resulting object and a Warning that
+//! says they are queued, and replayed to the cloud in order once it is back. The writes of
+//! an object the node keeps live (pod and node status, its lease: `crate::live`) fold into
+//! one entry per object that its clients read back and that replays as one write; the
+//! rest (events) queue one by one. A conflict is resolved by re-reading the object and
+//! retrying once; what cannot be replayed is logged and counted. Every other write gets a
+//! 503 naming the offline state (never a fake success).
 use std::{sync::Arc, time::Duration};
 
 use base64::Engine;
@@ -19,12 +21,17 @@ use tokio::sync::watch;
 use super::{
     Cache,
     objects::{self, Encoding, Item},
-    patch::{self, PatchType},
+    serve,
     store::{self, ObjectKey, StoreError},
 };
 use crate::{
     body::ProxyBody,
     kproto::{self, StatusDetails},
+    live::{
+        self, Entry, Refusal,
+        patch::PatchType,
+        state::{LiveState, NodeWrite, NotTaken},
+    },
     proxy::{
         forward::{full, status, status_about},
         request::RequestInfo,
@@ -113,13 +120,20 @@ fn is_event(info: &RequestInfo) -> bool {
 }
 
 /// One queued write, as stored in the outbox.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Queued {
     method: String,
     path_and_query: String,
     content_type: String,
     component: String,
     body: String,
+    /// The live entry this row replays (`crate::live`): its net write is made when it is
+    /// sent, and the fields above only name the object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    live: Option<String>,
+    /// The encoding the answer is asked in, when not the one written in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    accept: Option<String>,
 }
 
 impl Queued {
@@ -148,6 +162,7 @@ fn cached(cache: &Cache, info: &RequestInfo) -> Result<Option<Item>, StoreError>
 /// Why a write cannot be accepted offline.
 enum Refused {
     BadRequest(String),
+    Conflict(String),
     Unavailable(String),
 }
 
@@ -155,6 +170,7 @@ impl Refused {
     fn response(self) -> Response<ProxyBody> {
         match self {
             Refused::BadRequest(m) => status(StatusCode::BAD_REQUEST, "BadRequest", &m),
+            Refused::Conflict(m) => status(StatusCode::CONFLICT, "Conflict", &m),
             Refused::Unavailable(m) => unavailable(&m),
         }
     }
@@ -184,15 +200,16 @@ fn result_of(
                 )));
             }
         };
-        // The node's view follows a JSON object; a protobuf-only copy (or an RFC 6902
-        // patch) is answered as it is and catches up when the cloud answers the replay.
-        if current.encoding != Encoding::Json || kind == PatchType::Json {
+        // An event held only in protobuf is answered as it is and catches up when the
+        // cloud answers the replay.
+        if current.encoding != Encoding::Json {
             return Ok((StatusCode::OK, current, false));
         }
         let mut obj: Value = serde_json::from_slice(&current.body)
             .map_err(|e| bad(format!("cached object: {e}")))?;
         let p: Value = serde_json::from_slice(body).map_err(|e| bad(format!("patch body: {e}")))?;
-        patch::apply(&mut obj, &p, kind);
+        live::patch::apply(&mut obj, &p, kind, None)
+            .map_err(|e| bad(format!("the patch does not apply: {e}")))?;
         let item = objects::from_json(&info.resource, obj, "", "")
             .map_err(|e| bad(format!("patched object: {e}")))?;
         return Ok((StatusCode::OK, item, true));
@@ -282,8 +299,8 @@ fn unavailable(why: &str) -> Response<ProxyBody> {
 
 impl Cache {
     /// Accepts a replayable write while the cloud is unreachable (or while earlier ones
-    /// are replayed, `behind_replay`): queued durably, applied to the cache, answered with
-    /// the object and a Warning.
+    /// are replayed, `behind_replay`): queued durably, applied to what the node is served,
+    /// answered with the object (in an encoding `accept` takes) and a Warning.
     #[allow(clippy::too_many_arguments)]
     pub async fn accept_offline(
         self: &Arc<Self>,
@@ -292,6 +309,7 @@ impl Cache {
         method: &Method,
         path_and_query: &str,
         content_type: &str,
+        accept: &str,
         component: &str,
         body: Bytes,
     ) -> Response<ProxyBody> {
@@ -302,8 +320,11 @@ impl Cache {
             content_type: content_type.to_string(),
             component: component.to_string(),
             body: base64::engine::general_purpose::STANDARD.encode(&body),
+            live: None,
+            accept: None,
         };
         let (content_type, component) = (content_type.to_string(), component.to_string());
+        let accept = accept.to_string();
         let answer = tokio::task::spawn_blocking(move || {
             if info.resource == "nodes" && info.verb == "create" {
                 return register_node(&me, &content_type, &body);
@@ -311,36 +332,27 @@ impl Cache {
             if super::tokens::is_token_request(&info) {
                 return me.token_offline(&info, &content_type, &body);
             }
-            let (code, item, store_it) = match result_of(&me, &info, &content_type, &body) {
-                Ok(r) => r,
-                Err(refused) => return refused.response(),
+            let (code, item) = if LiveState::keeps(&info) {
+                match me.take_live(&info, &queued, &body) {
+                    Ok((item, queued)) => {
+                        me.note_queued(store::Enqueued { queued, dropped: 0 }, behind_replay);
+                        (StatusCode::OK, item)
+                    }
+                    Err(refused) => return refused.response(),
+                }
+            } else {
+                match me.queue_one(&info, &queued, &content_type, &component, &body) {
+                    Ok((code, item, done)) => {
+                        me.note_queued(done, behind_replay);
+                        (code, item)
+                    }
+                    Err(refused) => return refused.response(),
+                }
             };
-            let update = store_it.then(|| {
-                (
-                    ObjectKey {
-                        credential: "node".into(),
-                        gvr: info.gvr(),
-                        namespace: item.namespace.clone(),
-                        name: item.name.clone(),
-                        component,
-                    },
-                    item.clone(),
-                )
-            });
-            // A patch the node's copy took in (a JSON copy) changed the base the client
-            // patches against next: a later patch then no longer carries this one's
-            // changes, so both are kept. Patches of a copy left as it is, and whole
-            // updates, carry everything: only the newest is needed.
-            if supersedable(&info) && (info.verb != "patch" || !store_it) {
-                me.supersede_queued(&queued.method, &queued.path_and_query);
-            }
-            let raw = serde_json::to_vec(&queued).unwrap_or_default();
-            let budget = is_event(&info).then_some(EVENT_BUDGET);
-            let done = match me.store.enqueue(&raw, update, MAX_QUEUED, budget) {
-                Ok(d) => d,
-                Err(e) => return unavailable(&format!("this write cannot be queued: {e}")),
-            };
-            me.note_queued(done, behind_replay);
+            let item = serve::accepted(&accept)
+                .into_iter()
+                .find_map(|e| item.in_encoding(e).map(|i| i.into_owned()))
+                .unwrap_or(item);
             Response::builder()
                 .status(code)
                 .header(header::CONTENT_TYPE, item.encoding.content_type())
@@ -357,6 +369,81 @@ impl Cache {
         })
         .await;
         answer.unwrap_or_else(|e| unavailable(&format!("queueing failed: {e}")))
+    }
+
+    /// A write of an object the node keeps live: folded into its entry, which the node's
+    /// clients are served from now on and which one outbox row replays.
+    fn take_live(
+        &self,
+        info: &RequestInfo,
+        q: &Queued,
+        body: &[u8],
+    ) -> Result<(Item, u64), Refused> {
+        let path = q.path_and_query.split('?').next().unwrap_or_default();
+        let row = Queued {
+            method: q.method.clone(),
+            path_and_query: path.to_string(),
+            content_type: String::new(),
+            component: q.component.clone(),
+            body: String::new(),
+            live: Some(
+                String::from_utf8_lossy(&live::key(&info.gvr(), &info.namespace, &info.name))
+                    .into_owned(),
+            ),
+            accept: None,
+        };
+        let write = NodeWrite {
+            info,
+            path,
+            content_type: &q.content_type,
+            component: &q.component,
+            body,
+        };
+        let raw = serde_json::to_vec(&row).unwrap_or_default();
+        let (entry, queued) = self
+            .live
+            .take(&write, &raw, MAX_QUEUED)
+            .map_err(|e| match e {
+                NotTaken::Refused(Refusal::BadRequest(m)) => Refused::BadRequest(m),
+                NotTaken::Refused(Refusal::Conflict(m)) => Refused::Conflict(m),
+                NotTaken::Unavailable(m) => Refused::Unavailable(m),
+            })?;
+        let item = entry.served().ok_or_else(|| {
+            Refused::BadRequest("the written object is not a Kubernetes object".into())
+        })?;
+        Ok((item, queued))
+    }
+
+    /// Any other write: one outbox row of its own, and the object it answers kept as the
+    /// node's copy where it is new state.
+    fn queue_one(
+        &self,
+        info: &RequestInfo,
+        queued: &Queued,
+        content_type: &str,
+        component: &str,
+        body: &[u8],
+    ) -> Result<(StatusCode, Item, store::Enqueued), Refused> {
+        let (code, item, store_it) = result_of(self, info, content_type, body)?;
+        let update = store_it.then(|| {
+            (
+                ObjectKey {
+                    credential: "node".into(),
+                    gvr: info.gvr(),
+                    namespace: item.namespace.clone(),
+                    name: item.name.clone(),
+                    component: component.to_string(),
+                },
+                item.clone(),
+            )
+        });
+        let raw = serde_json::to_vec(queued).unwrap_or_default();
+        let budget = is_event(info).then_some(EVENT_BUDGET);
+        let done = self
+            .store
+            .enqueue(&raw, update, MAX_QUEUED, budget)
+            .map_err(|e| Refused::Unavailable(format!("this write cannot be queued: {e}")))?;
+        Ok((code, item, done))
     }
 }
 
@@ -407,12 +494,19 @@ impl Cache {
         use std::sync::atomic::Ordering::Relaxed;
         let path = path_and_query.split('?').next().unwrap_or_default();
         let same = |_: u64, raw: &[u8]| {
-            serde_json::from_slice::<Queued>(raw).is_ok_and(|q| {
-                q.method == method && q.path_and_query.split('?').next() == Some(path)
-            })
+            let q = serde_json::from_slice::<Queued>(raw).ok()?;
+            (q.method == method && q.path_and_query.split('?').next() == Some(path))
+                .then(|| q.live.map(String::into_bytes))
         };
         match self.store.remove_queued_where(same) {
-            Ok(n) => {
+            Ok((rows, entries)) => {
+                // A live entry's row stood for every write folded into it.
+                let folded: u64 = entries
+                    .iter()
+                    .filter_map(|b| Entry::decode(b))
+                    .map(|e| e.writes.saturating_sub(1))
+                    .sum();
+                let n = rows + folded;
                 self.stats.superseded.fetch_add(n, Relaxed);
                 if n > 0 {
                     tracing::debug!(
@@ -469,7 +563,10 @@ type Answer = (StatusCode, String, Bytes);
 async fn send(cloud: &Cloud, q: &Queued, body: Bytes, method: &Method) -> Option<Answer> {
     let ua = format!("{}/offline-replay (hub)", q.component);
     // The answer in the encoding the client wrote in: the copy it replaces is in it too.
-    let accept = match Encoding::of_content_type(&q.content_type) {
+    let accept = match q.accept.as_deref().map_or(
+        Encoding::of_content_type(&q.content_type),
+        Encoding::of_content_type,
+    ) {
         Some(Encoding::Protobuf) => "application/vnd.kubernetes.protobuf, application/json",
         _ => "application/json",
     };
@@ -553,6 +650,8 @@ async fn replay(cloud: &Cloud, q: &Queued) -> Replay {
             content_type: "application/json".into(),
             component: q.component.clone(),
             body: String::new(),
+            live: None,
+            accept: None,
         };
         let Some((StatusCode::OK, _, current)) =
             send(cloud, &get, Bytes::new(), &Method::GET).await
@@ -578,6 +677,60 @@ async fn replay(cloud: &Cloud, q: &Queued) -> Replay {
         return Replay::Refused(format!("cloud answered {code}: {}", message(&answer)));
     }
     Replay::Dropped(format!("cloud answered {code}: {}", message(&answer)))
+}
+
+/// The request that replays live entry `e` (its row `row`): its net write, answered in
+/// the encoding the node's copy is held in; None when its writes cancel out.
+fn net_request(row: &Queued, e: &Entry) -> Option<Queued> {
+    let (method, content_type, body) = e.net_write()?;
+    Some(Queued {
+        method: method.to_string(),
+        path_and_query: e.path.clone(),
+        content_type: content_type.to_string(),
+        component: row.component.clone(),
+        body: base64::engine::general_purpose::STANDARD.encode(body),
+        live: None,
+        accept: Some(e.encoding.content_type().to_string()),
+    })
+}
+
+/// After a live entry's row was replayed (`sent`: the entry as it was sent, None when it
+/// was dropped): the row and the entry go, unless writes came in meanwhile — then the
+/// entry stays, now based on what was sent, and its row replays the rest.
+async fn settle(cache: &Arc<Cache>, seq: u64, key: Option<&[u8]>, sent: Option<&Entry>) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let Some(key) = key.map(<[u8]>::to_vec) else {
+        return;
+    };
+    if let Some(s) = sent {
+        cache
+            .stats
+            .superseded
+            .fetch_add(s.writes.saturating_sub(1), Relaxed);
+    }
+    let sent = sent.cloned();
+    let store = cache.store.clone();
+    let done = tokio::task::spawn_blocking(move || {
+        store.settle_live(seq, &key, |held| {
+            let now = held.as_deref().and_then(Entry::decode)?;
+            let sent = sent?;
+            if now.writes == sent.writes {
+                return None;
+            }
+            Some(
+                Entry {
+                    base: sent.state,
+                    writes: now.writes - sent.writes,
+                    ..now
+                }
+                .encode(),
+            )
+        })
+    })
+    .await;
+    if let Ok(Err(e)) = done {
+        cache.stats.error(format!("outbox: {e}"));
+    }
 }
 
 /// Refusals that pass: a freshly started apiserver answers 403 until its authorizer has
@@ -633,9 +786,32 @@ pub async fn replay_forever(cache: Arc<Cache>, cloud: Arc<Cloud>, mut stop: watc
             (replayed, dropped) = (0, 0);
         }
         for (seq, raw) in batch {
+            let mut sent: Option<Entry> = None;
+            let mut live_key: Option<Vec<u8>> = None;
             let outcome = match serde_json::from_slice::<Queued>(&raw) {
                 Ok(q) if waiting_for_newer(&q) => continue,
-                Ok(q) => {
+                Ok(row) => {
+                    // A live entry's row is replayed by the entry's net write, made now.
+                    let q = match row.live.as_deref() {
+                        None => Some(row.clone()),
+                        Some(key) => {
+                            live_key = Some(key.as_bytes().to_vec());
+                            let store = cache.store.clone();
+                            let k = key.as_bytes().to_vec();
+                            sent = tokio::task::spawn_blocking(move || store.live(&k))
+                                .await
+                                .ok()
+                                .and_then(Result::ok)
+                                .flatten()
+                                .and_then(|b| Entry::decode(&b));
+                            sent.as_ref().and_then(|e| net_request(&row, e))
+                        }
+                    };
+                    let Some(q) = q else {
+                        // Its writes cancel out (or it is gone): nothing to send.
+                        settle(&cache, seq, live_key.as_deref(), sent.as_ref()).await;
+                        continue;
+                    };
                     let mut r = replay(&cloud, &q).await;
                     if let Replay::Refused(why) | Replay::Dropped(why) = &r {
                         let tried = retrying.as_mut().filter(|t| t.seq == seq);
@@ -688,10 +864,16 @@ pub async fn replay_forever(cache: Arc<Cache>, cloud: Arc<Cloud>, mut stop: watc
                 }
                 Replay::Dropped(_) => {
                     dropped += 1;
+                    // What the entry held is gone with it: nothing is served from it.
+                    sent = None;
                     cache.stats.replay_dropped.fetch_add(1, Relaxed)
                 }
             };
             retrying = None;
+            if live_key.is_some() {
+                settle(&cache, seq, live_key.as_deref(), sent.as_ref()).await;
+                continue;
+            }
             let store = cache.store.clone();
             if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.dequeue(seq)).await {
                 cache.stats.error(format!("outbox: {e}"));

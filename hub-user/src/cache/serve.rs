@@ -19,7 +19,7 @@ use hyper::{
     body::{Body, Frame},
     header,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 
 use super::{
     objects::{self, Encoding, Item},
@@ -30,6 +30,7 @@ use crate::{
     body::{BodyError, ProxyBody},
     convert, kproto,
     kproto::StatusDetails,
+    live,
     proxy::{
         forward::{status, status_about},
         request::RequestInfo,
@@ -127,6 +128,8 @@ struct Latest {
     /// The freshest live copy in each encoding.
     json: Option<Item>,
     protobuf: Option<Item>,
+    /// Served from the node's live state (`crate::live`), not the cloud's copy.
+    live: bool,
 }
 
 impl Latest {
@@ -174,6 +177,7 @@ fn latest(records: Vec<(ObjectKey, Record)>) -> Vec<Latest> {
                 deleted: false,
                 json: None,
                 protobuf: None,
+                live: false,
             });
         }
         let l = out.last_mut().expect("pushed above");
@@ -193,6 +197,35 @@ fn latest(records: Vec<(ObjectKey, Record)>) -> Vec<Latest> {
         }
     }
     out
+}
+
+/// The node's live state in place of the cloud's copies it was made from (`crate::live`):
+/// an entry no older than the freshest copy held is what the object is served as. Returns
+/// the lowest resourceVersion served from one, which a list or watch reports no further
+/// than (see `crate::live`).
+fn with_live_state(
+    store: &Store,
+    gvr: &str,
+    scope: (Option<&str>, Option<&str>),
+    objects: &mut [Latest],
+) -> Result<Option<u64>, String> {
+    let entries = live::state::held(store, gvr, scope.0, scope.1).map_err(|e| e.to_string())?;
+    let mut floor: Option<u64> = None;
+    for e in entries {
+        let Ok(i) = objects.binary_search_by(|l| {
+            (l.key.namespace.as_str(), l.key.name.as_str()).cmp(&(&e.namespace, &e.name))
+        }) else {
+            continue;
+        };
+        let l = &mut objects[i];
+        if l.deleted || l.newest_rv > e.base_rv {
+            continue;
+        }
+        let Some(item) = e.served() else { continue };
+        floor = Some(floor.map_or(item.rv, |f| f.min(item.rv)));
+        (l.json, l.protobuf, l.live) = (Some(item), None, true);
+    }
+    Ok(floor)
 }
 
 /// The kind of the objects in a scope: an object's own, else the kind the cloud named
@@ -311,6 +344,7 @@ fn covering_list(
 
 pub struct Server {
     pub store: Arc<Store>,
+    pub live: Arc<live::state::LiveState>,
 }
 
 impl Server {
@@ -358,7 +392,10 @@ impl Server {
         match info.verb {
             "get" => run_blocking(move || get(&store, &info, &credential, &prefs)).await,
             "list" => run_blocking(move || list(&store, &info, &query, &credential, &prefs)).await,
-            "watch" => watch(store, info, query, credential, prefs, cloud_back).await,
+            "watch" => {
+                let changes = self.live.subscribe();
+                watch(store, changes, info, query, credential, prefs, cloud_back).await
+            }
             v => Err(format!("{v} cannot be answered offline")),
         }
     }
@@ -417,7 +454,13 @@ fn get(
     let gvr = info.gvr();
     let p = store::prefix(credential, &gvr, Some(&info.namespace), Some(&info.name));
     let records = store.scan(&p).map_err(|e| e.to_string())?;
-    let objects = latest(records);
+    let mut objects = latest(records);
+    with_live_state(
+        store,
+        &gvr,
+        (Some(&info.namespace), Some(&info.name)),
+        &mut objects,
+    )?;
     let not_found = || {
         status_about(
             StatusCode::NOT_FOUND,
@@ -525,9 +568,11 @@ fn scope_objects(
                 ))
                 .map_err(|e| e.to_string())?;
             if !records.is_empty() {
-                let objects = latest(records);
+                let mut objects = latest(records);
                 let rv = objects.iter().map(|l| l.newest_rv).max().unwrap_or(0);
-                return Ok((objects, rv, String::new()));
+                let scope = (Some(info.namespace.as_str()), Some(name));
+                let floor = with_live_state(store, &gvr, scope, &mut objects)?;
+                return Ok((objects, floor.map_or(rv, |f| f.min(rv)), String::new()));
             }
         }
         let held: Vec<String> = store
@@ -561,8 +606,10 @@ fn scope_objects(
     let records = store
         .scan(&store::prefix(credential, &gvr, ns, None))
         .map_err(|e| e.to_string())?;
-    let objects = latest(records);
+    let mut objects = latest(records);
     let rv = objects.iter().map(|l| l.newest_rv).fold(meta.rv, u64::max);
+    let floor = with_live_state(store, &gvr, (ns, None), &mut objects)?;
+    let rv = floor.map_or(rv, |f| f.min(rv));
     let kind = meta
         .kind
         .strip_suffix("List")
@@ -835,6 +882,7 @@ pub(crate) fn meta_only(
 
 async fn watch(
     store: Arc<Store>,
+    mut changes: broadcast::Receiver<live::Changed>,
     info: RequestInfo,
     query: String,
     credential: String,
@@ -853,7 +901,14 @@ async fn watch(
     let enc = whole_in_one_encoding(&live, &prefs)?;
     let av = api_version(&info);
     let kind = kind_of(&objects, &info.resource, &kind_hint)?;
-    // The bookmark of this watch: the cache's state does not move while it lasts.
+    // The objects this watch has shown, so a later change is ADDED, MODIFIED or DELETED.
+    let mut shown: std::collections::HashSet<(String, String)> = live
+        .iter()
+        .map(|l| (l.key.namespace.clone(), l.key.name.clone()))
+        .collect();
+    // Bookmarks stand at the cache's state, and never past what the node's live state
+    // served (see `crate::live`).
+    let mut bookmark_rv = rv;
     let bookmark = meta_only(enc, &av, &kind, None, rv, &[]);
     let first = initial_events(&objects, &sel, enc, &query, &bookmark);
     let bookmarks = param(&query, "allowWatchBookmarks") == "true";
@@ -871,6 +926,42 @@ async fn watch(
             tokio::select! {
                 _ = tokio::time::sleep(CLOUD_CHECK) => {}
                 _ = tx.closed() => return,
+                changed = changes.recv() => match changed {
+                    Ok(c) if c.gvr == info.gvr()
+                        && (info.namespace.is_empty() || c.namespace == info.namespace) =>
+                    {
+                        let (store, credential) = (store.clone(), credential.clone());
+                        let gvr = c.gvr.clone();
+                        let Ok(Some(item)) = run_blocking(move || {
+                            live_object(&store, &credential, &gvr, &c.namespace, &c.name, enc)
+                        })
+                        .await
+                        else {
+                            continue;
+                        };
+                        let id = (item.namespace.clone(), item.name.clone());
+                        let ty = match (sel.matches_item(&item), shown.contains(&id)) {
+                            (true, true) => "MODIFIED",
+                            (true, false) => "ADDED",
+                            (false, true) => "DELETED",
+                            (false, false) => continue,
+                        };
+                        if ty == "DELETED" {
+                            shown.remove(&id);
+                        } else {
+                            shown.insert(id);
+                        }
+                        bookmark_rv = bookmark_rv.min(item.rv);
+                        if tx.send(event(enc, ty, &item)).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    Ok(_) => continue,
+                    // Changes were missed: end, and the client's next watch is sent them.
+                    Err(broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(broadcast::error::RecvError::Closed) => {}
+                },
             }
             // The cloud is back, or the client's timeout is up: end cleanly, the client
             // re-lists and re-watches (from the cloud).
@@ -879,13 +970,43 @@ async fn watch(
             }
             if bookmarks && last_bookmark.elapsed() >= BOOKMARK_EVERY {
                 last_bookmark = Instant::now();
-                if tx.send(event(enc, "BOOKMARK", &bookmark)).await.is_err() {
+                let mark = meta_only(
+                    enc,
+                    &bookmark.api_version,
+                    &bookmark.kind,
+                    None,
+                    bookmark_rv,
+                    &[],
+                );
+                if tx.send(event(enc, "BOOKMARK", &mark)).await.is_err() {
                     return;
                 }
             }
         }
     });
     Ok(watch_response(FROM_LOCAL_CACHE, enc, rx))
+}
+
+/// One object as `credential` is served it now, in `enc`, if it is served from the node's
+/// live state (None: not this credential's, or the cloud's copy).
+fn live_object(
+    store: &Store,
+    credential: &str,
+    gvr: &str,
+    namespace: &str,
+    name: &str,
+    enc: Encoding,
+) -> Result<Option<Item>, String> {
+    let records = store
+        .scan(&store::prefix(credential, gvr, Some(namespace), Some(name)))
+        .map_err(|e| e.to_string())?;
+    let mut objects = latest(records);
+    with_live_state(store, gvr, (Some(namespace), Some(name)), &mut objects)?;
+    Ok(objects
+        .first()
+        .filter(|l| l.live)
+        .and_then(|l| l.pick(enc))
+        .map(Cow::into_owned))
 }
 
 /// A cache watch's first events: what happened after the client's resourceVersion, as far
@@ -903,7 +1024,9 @@ fn initial_events(
     let initial = from == 0 || send_initial;
     let mut first = Vec::new();
     for l in objects {
-        if !initial && l.newest_rv <= from {
+        // What the node wrote is sent again on every resumed watch: the client may have
+        // missed it between two watches, and its resourceVersion says nothing of that.
+        if !initial && l.newest_rv <= from && !l.live {
             continue;
         }
         if l.deleted {

@@ -15,6 +15,8 @@
 //! * `raw`: `path \0 content-type` → discovery and /version answers.
 //! * `outbox`: sequence number → a write accepted while the cloud was unreachable, kept
 //!   until it is replayed (see `offline`).
+//! * `live`: the objects the node wrote while offline, its writes folded in (see
+//!   `crate::live`); each rides on one outbox row.
 //!
 //! Deletions leave a tombstone holding the deleting resourceVersion, so an older event or
 //! list that arrives later cannot bring the object back (OpenYurt #2712).
@@ -44,6 +46,9 @@ const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
 /// sequence number → size; the row at [`BUDGET_TOTAL`] holds their total size.
 const EXPENDABLE: TableDefinition<u64, u64> = TableDefinition::new("outbox-expendable");
 const BUDGET_TOTAL: u64 = u64::MAX;
+/// The node's live state (`crate::live`): `gvr \0 namespace \0 name` → an object the node
+/// wrote while offline, with the writes folded in; each has one outbox row that replays it.
+const LIVE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("live");
 
 /// The store's file name under cache.dir.
 pub const FILE: &str = "cache.redb";
@@ -596,6 +601,7 @@ impl Store {
         }
         txn.open_table(OUTBOX).map_err(db_err)?;
         txn.open_table(EXPENDABLE).map_err(db_err)?;
+        txn.open_table(LIVE).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
         let store = Store {
             db: std::sync::RwLock::new(Some(Db::ReadWrite(db))),
@@ -1013,16 +1019,7 @@ impl Store {
                 cheap.insert(BUDGET_TOTAL, total + size).map_err(db_err)?;
             }
             let len = outbox.len().map_err(db_err)?;
-            if len >= max {
-                return Err(StoreError::Db(format!(
-                    "the offline write queue is full ({max} writes)"
-                )));
-            }
-            let next = outbox
-                .last()
-                .map_err(db_err)?
-                .map_or(1, |(k, _)| k.value() + 1);
-            outbox.insert(next, write).map_err(db_err)?;
+            let next = append_row(&mut outbox, write, max)?;
             if expendable.is_some() {
                 cheap.insert(next, write.len() as u64).map_err(db_err)?;
             }
@@ -1087,38 +1084,145 @@ impl Store {
         txn.commit().map_err(db_err)
     }
 
-    /// Removes every queued write `pick` chooses (by sequence number and bytes), in one
-    /// transaction; returns how many went.
+    /// Removes every queued write `pick` chooses (by sequence number and bytes: `Some`,
+    /// with the key of the live entry the row replays, if any, which goes too), in one
+    /// transaction; returns the rows removed and the live entries they held.
     pub fn remove_queued_where(
         &self,
-        pick: impl Fn(u64, &[u8]) -> bool,
-    ) -> Result<u64, StoreError> {
+        pick: impl Fn(u64, &[u8]) -> Option<Option<Vec<u8>>>,
+    ) -> Result<(u64, Vec<Vec<u8>>), StoreError> {
         let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
         let Some(Db::ReadWrite(db)) = guard.as_ref() else {
             return Err(StoreError::Db("store closed or opened read-only".into()));
         };
         let txn = db.begin_write().map_err(db_err)?;
         let mut removed = 0;
+        let mut entries = Vec::new();
         {
             let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
             let mut picked = Vec::new();
             for entry in outbox.iter().map_err(db_err)? {
                 let (k, v) = entry.map_err(db_err)?;
-                if pick(k.value(), v.value()) {
-                    picked.push(k.value());
+                if let Some(live) = pick(k.value(), v.value()) {
+                    picked.push((k.value(), live));
                 }
             }
             let mut cheap = txn.open_table(EXPENDABLE).map_err(db_err)?;
-            for seq in picked {
+            let mut live = txn.open_table(LIVE).map_err(db_err)?;
+            for (seq, live_key) in picked {
                 outbox.remove(seq).map_err(db_err)?;
                 forget_expendable(&mut cheap, seq)?;
                 removed += 1;
+                if let Some(k) = live_key
+                    && let Some(entry) = live.remove(k.as_slice()).map_err(db_err)?
+                {
+                    entries.push(entry.value().to_vec());
+                }
             }
             self.queued
                 .store(outbox.len().map_err(db_err)?, Ordering::Relaxed);
         }
         txn.commit().map_err(db_err)?;
-        Ok(removed)
+        Ok((removed, entries))
+    }
+
+    /// Folds a write into the live entry `key`, in one transaction: `fold` gets the entry
+    /// as stored (None: none yet) and gives the new one, or why the write cannot be taken
+    /// (then nothing changes). A new entry gets the outbox row `row`, which replays it; a
+    /// later write rides on that row. Returns the queue's length.
+    pub fn fold_live<E>(
+        &self,
+        key: &[u8],
+        row: &[u8],
+        max: u64,
+        fold: impl FnOnce(Option<Vec<u8>>) -> Result<Vec<u8>, E>,
+    ) -> Result<Result<u64, E>, StoreError> {
+        let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
+        let Some(Db::ReadWrite(db)) = guard.as_ref() else {
+            return Err(StoreError::Db("store closed or opened read-only".into()));
+        };
+        let txn = db.begin_write().map_err(db_err)?;
+        let len = {
+            let mut live = txn.open_table(LIVE).map_err(db_err)?;
+            let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
+            let held = live.get(key).map_err(db_err)?.map(|v| v.value().to_vec());
+            let new_row = held.is_none();
+            let entry = match fold(held) {
+                Ok(e) => e,
+                Err(why) => return Ok(Err(why)),
+            };
+            if new_row {
+                append_row(&mut outbox, row, max)?;
+            }
+            let len = outbox.len().map_err(db_err)?;
+            live.insert(key, entry.as_slice()).map_err(db_err)?;
+            len
+        };
+        txn.commit().map_err(db_err)?;
+        self.queued.store(len, Ordering::Relaxed);
+        Ok(Ok(len))
+    }
+
+    /// The live entry `key`, if the node holds one.
+    pub fn live(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let txn = self.read()?;
+        let table = match txn.open_table(LIVE) {
+            Ok(t) => t,
+            // A store a hub without live state wrote, opened read-only.
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(db_err(e)),
+        };
+        let value = table.get(key).map_err(db_err)?.map(|v| v.value().to_vec());
+        Ok(value)
+    }
+
+    /// Every live entry whose key starts with `prefix`.
+    pub fn live_under(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+        let txn = self.read()?;
+        let table = match txn.open_table(LIVE) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(db_err(e)),
+        };
+        let end = prefix_end(prefix);
+        let mut out = Vec::new();
+        for entry in table.range(prefix..end.as_slice()).map_err(db_err)? {
+            out.push(entry.map_err(db_err)?.1.value().to_vec());
+        }
+        Ok(out)
+    }
+
+    /// Settles the outbox row `seq` of live entry `key` after its replay, in one
+    /// transaction: `settle` gets the entry and says what stays of it — None: nothing, the
+    /// row and the entry go; Some: the entry as it now is, and the row stays to replay it.
+    pub fn settle_live(
+        &self,
+        seq: u64,
+        key: &[u8],
+        settle: impl FnOnce(Option<Vec<u8>>) -> Option<Vec<u8>>,
+    ) -> Result<(), StoreError> {
+        let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
+        let Some(Db::ReadWrite(db)) = guard.as_ref() else {
+            return Err(StoreError::Db("store closed or opened read-only".into()));
+        };
+        let txn = db.begin_write().map_err(db_err)?;
+        {
+            let mut live = txn.open_table(LIVE).map_err(db_err)?;
+            let held = live.get(key).map_err(db_err)?.map(|v| v.value().to_vec());
+            match settle(held) {
+                Some(entry) => {
+                    live.insert(key, entry.as_slice()).map_err(db_err)?;
+                }
+                None => {
+                    live.remove(key).map_err(db_err)?;
+                    let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
+                    outbox.remove(seq).map_err(db_err)?;
+                    self.queued
+                        .store(outbox.len().map_err(db_err)?, Ordering::Relaxed);
+                }
+            }
+        }
+        txn.commit().map_err(db_err)
     }
 
     /// Stored entries (objects and tombstones) and the file's size: cheap enough for
@@ -1133,6 +1237,25 @@ impl Store {
         let bytes = std::fs::metadata(&self.path).map_or(0, |m| m.len());
         Ok((entries, bytes))
     }
+}
+
+/// Appends `row` to the outbox, unless it already holds `max`; returns its sequence number.
+fn append_row(
+    outbox: &mut redb::Table<u64, &[u8]>,
+    row: &[u8],
+    max: u64,
+) -> Result<u64, StoreError> {
+    if outbox.len().map_err(db_err)? >= max {
+        return Err(StoreError::Db(format!(
+            "the offline write queue is full ({max} writes)"
+        )));
+    }
+    let next = outbox
+        .last()
+        .map_err(db_err)?
+        .map_or(1, |(k, _)| k.value() + 1);
+    outbox.insert(next, row).map_err(db_err)?;
+    Ok(next)
 }
 
 /// Takes a write that left the queue out of the expendable writes' budget, if it was one.

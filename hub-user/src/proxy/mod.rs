@@ -583,6 +583,11 @@ impl Proxy {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
+        let accept = parts
+            .headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
         let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let waits_in_line = behind_replay && self.cloud.healthy();
         let resp = cache
@@ -592,6 +597,7 @@ impl Proxy {
                 &parts.method,
                 path_and_query,
                 content_type,
+                accept,
                 component_name,
                 body.clone(),
             )

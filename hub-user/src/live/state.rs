@@ -1,0 +1,177 @@
+//! The node's live state as the cache's store holds it: a write of the node folded into its
+//! object's entry (and queued) in one transaction, the entries read back for serving, and
+//! the news of a change for open watches.
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use super::{Changed, Entry, Refusal, Write, patch::PatchType, replay_as};
+use crate::{
+    cache::{
+        objects::{Encoding, Item},
+        store::{self, Store, StoreError},
+    },
+    convert,
+    proxy::request::RequestInfo,
+};
+
+/// Why a write was not taken.
+pub enum NotTaken {
+    Refused(Refusal),
+    /// Nothing to apply it to, or the store failed: a 503 naming why.
+    Unavailable(String),
+}
+
+pub struct LiveState {
+    store: Arc<Store>,
+    changes: broadcast::Sender<Changed>,
+}
+
+/// One write of the node, as it arrived.
+pub struct NodeWrite<'a> {
+    pub info: &'a RequestInfo,
+    /// The request's path (no query).
+    pub path: &'a str,
+    pub content_type: &'a str,
+    pub component: &'a str,
+    pub body: &'a [u8],
+}
+
+/// The node's freshest cached copy of an object (any component), as JSON, with its
+/// resourceVersion and encoding.
+fn cloud_copy(
+    store: &Store,
+    info: &RequestInfo,
+) -> Result<Option<(Value, u64, Encoding)>, StoreError> {
+    let p = store::prefix("node", &info.gvr(), Some(&info.namespace), Some(&info.name));
+    let freshest = store
+        .scan(&p)?
+        .into_iter()
+        .filter(|(_, r)| !r.deleted)
+        .max_by_key(|(_, r)| r.item.rv)
+        .map(|(_, r)| r.item);
+    Ok(freshest.and_then(|item: Item| {
+        let json = item.in_encoding(Encoding::Json)?;
+        let v = serde_json::from_slice(&json.body).ok()?;
+        Some((v, item.rv, item.encoding))
+    }))
+}
+
+fn parse_write<'a>(w: &NodeWrite, body: &'a Value) -> Result<Write<'a>, Refusal> {
+    if w.info.verb == "patch" {
+        let kind = PatchType::of_content_type(w.content_type).ok_or_else(|| {
+            Refusal::BadRequest(format!("unsupported patch type {:?}", w.content_type))
+        })?;
+        return Ok(Write::Patch(kind, body));
+    }
+    Ok(Write::Whole(body.clone()))
+}
+
+/// A request body as JSON: JSON as it is, a protobuf object converted.
+fn body_json(content_type: &str, body: &[u8]) -> Result<Value, Refusal> {
+    let bad = |e: String| Refusal::BadRequest(format!("request body: {e}"));
+    match Encoding::of_content_type(content_type) {
+        Some(Encoding::Protobuf) => {
+            let json =
+                convert::to_json(body, convert::server_style()).map_err(|e| bad(e.to_string()))?;
+            serde_json::from_slice(&json).map_err(|e| bad(e.to_string()))
+        }
+        _ => serde_json::from_slice(body).map_err(|e| bad(e.to_string())),
+    }
+}
+
+impl LiveState {
+    pub fn new(store: Arc<Store>) -> LiveState {
+        LiveState {
+            store,
+            changes: broadcast::channel(1024).0,
+        }
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Changed> {
+        self.changes.subscribe()
+    }
+
+    /// Whether the node keeps this write's object live offline.
+    pub fn keeps(info: &RequestInfo) -> bool {
+        !info.name.is_empty()
+            && replay_as(&info.group, &info.resource, &info.subresource, info.verb).is_some()
+    }
+
+    /// Takes one write of the node: folded into its object's entry (made from the node's
+    /// freshest cached copy on the first write, carried onto a newer one if the cloud's
+    /// moved on) and queued for replay with `row` if the object had none, in one
+    /// transaction. Returns the entry as it now is and the queue's length.
+    pub fn take(&self, w: &NodeWrite, row: &[u8], max: u64) -> Result<(Entry, u64), NotTaken> {
+        let info = w.info;
+        let replay = replay_as(&info.group, &info.resource, &info.subresource, info.verb)
+            .ok_or_else(|| {
+                NotTaken::Unavailable(format!("{} {} is not kept live", info.verb, info.resource))
+            })?;
+        let body = body_json(w.content_type, w.body).map_err(NotTaken::Refused)?;
+        let write = parse_write(w, &body).map_err(NotTaken::Refused)?;
+        let unavailable = |e: StoreError| NotTaken::Unavailable(e.to_string());
+        let copy = cloud_copy(&self.store, info).map_err(unavailable)?;
+        let key = super::key(&info.gvr(), &info.namespace, &info.name);
+        let mut taken = None;
+        let folded = self
+            .store
+            .fold_live(&key, row, max, |held| {
+                let mut entry = match (held.as_deref().and_then(Entry::decode), copy) {
+                    (Some(mut e), Some((cloud, rv, _))) if rv > e.base_rv => {
+                        e.rebase(cloud, rv);
+                        e
+                    }
+                    (Some(e), _) => e,
+                    (None, Some((cloud, rv, encoding))) => Entry {
+                        gvr: info.gvr(),
+                        resource: info.resource.clone(),
+                        namespace: info.namespace.clone(),
+                        name: info.name.clone(),
+                        path: w.path.to_string(),
+                        component: w.component.to_string(),
+                        replay,
+                        state: cloud.clone(),
+                        base: cloud,
+                        base_rv: rv,
+                        writes: 0,
+                        encoding,
+                    },
+                    (None, None) => {
+                        return Err(NotTaken::Unavailable(format!(
+                            "{} {}/{} is not in the local cache, so this write cannot be applied offline",
+                            info.resource, info.namespace, info.name
+                        )));
+                    }
+                };
+                entry.fold(&write).map_err(NotTaken::Refused)?;
+                let bytes = entry.encode();
+                taken = Some(entry);
+                Ok(bytes)
+            })
+            .map_err(unavailable)?;
+        let queued = folded?;
+        let entry = taken.expect("a folded write leaves its entry");
+        let _ = self.changes.send(Changed {
+            gvr: entry.gvr.clone(),
+            namespace: entry.namespace.clone(),
+            name: entry.name.clone(),
+        });
+        Ok((entry, queued))
+    }
+}
+
+/// The entries of `gvr` in `namespace` (None: every namespace), or the one of `name`.
+pub fn held(
+    store: &Store,
+    gvr: &str,
+    namespace: Option<&str>,
+    name: Option<&str>,
+) -> Result<Vec<Entry>, StoreError> {
+    let raw = match (namespace, name) {
+        (Some(ns), Some(n)) => store.live(&super::key(gvr, ns, n))?.into_iter().collect(),
+        _ => store.live_under(&super::scope_prefix(gvr, namespace))?,
+    };
+    Ok(raw.iter().filter_map(|b| Entry::decode(b)).collect())
+}
