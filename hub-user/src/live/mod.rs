@@ -187,9 +187,14 @@ impl Entry {
     }
 
     /// The resourceVersion its clients are served it with: below the cloud's version it
-    /// came from, one lower for each write (see the module's doc).
+    /// came from, one lower for each write (see the module's doc) — except for an object
+    /// written whole (a lease), whose writer sends the version back as its optimistic
+    /// lock: it gets the cloud's own, which its first write after the return must carry.
     pub fn served_rv(&self) -> u64 {
-        self.base_rv.saturating_sub(self.writes).max(1)
+        match self.replay {
+            ReplayAs::Put => self.base_rv,
+            ReplayAs::Patch => self.base_rv.saturating_sub(self.writes).max(1),
+        }
     }
 
     /// The object as the node's clients are served it (JSON).
