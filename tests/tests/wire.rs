@@ -2099,3 +2099,64 @@ fn offline_answers_like(version: &str) {
     want.sort();
     assert_eq!(added, want);
 }
+
+/// The kubelet's recorded status patches (a pod's, with `$setElementOrder` and a uid
+/// precondition; its node's, one condition of four), applied on the node to the object as
+/// the same apiserver served it before, give the status that apiserver answered — for 1.32
+/// and 1.36 alike. This is what the node serves while the cloud is unreachable.
+#[test]
+fn recorded_status_patches_apply_on_the_node_as_kube_apiserver_applied_them() {
+    use hub::live::{Write, apply_write, patch::PatchType};
+    let as_json = |body: &[u8]| -> Value {
+        let json = hub::convert::to_json(body, hub::convert::Style::default()).unwrap();
+        serde_json::from_slice(&json).unwrap()
+    };
+    // Go decodes a `null` struct (a zero `lastProbeTime`) as it decodes an absent one.
+    fn without_nulls(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => m
+                .iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), without_nulls(v)))
+                .collect(),
+            Value::Array(l) => l.iter().map(without_nulls).collect(),
+            v => v.clone(),
+        }
+    }
+    for version in VERSIONS {
+        // The pod w-1 as listed before the kubelet patched it, and the node as read.
+        let listed: Value =
+            serde_json::from_slice(&exchange(version, "list-pods-json-rv0").body).unwrap();
+        let pod = listed["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["metadata"]["name"] == "w-1" && p["metadata"]["namespace"] == "wire")
+            .unwrap()
+            .clone();
+        let mut pod = pod;
+        pod["apiVersion"] = "v1".into();
+        pod["kind"] = "Pod".into();
+        let node = as_json(&exchange(version, "get-node-protobuf").body);
+        for (name, before) in [
+            ("patch-pod-status-strategic", pod),
+            ("patch-node-status-strategic", node),
+        ] {
+            let request =
+                std::fs::read(recordings(version).join(name).join("request.body")).unwrap();
+            let patch: Value = serde_json::from_slice(&request).unwrap();
+            let applied = apply_write(&before, &Write::Patch(PatchType::Strategic, &patch), true)
+                .unwrap_or_else(|e| panic!("{version} {name}: {e:?}"));
+            let answered = as_json(&exchange(version, name).body);
+            assert_eq!(
+                without_nulls(&applied["status"]),
+                without_nulls(&answered["status"]),
+                "{version} {name}"
+            );
+            assert_eq!(
+                applied["spec"], before["spec"],
+                "{version} {name}: a status write keeps the spec"
+            );
+        }
+    }
+}
