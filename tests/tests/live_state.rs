@@ -199,12 +199,41 @@ fn the_kubelet_reads_back_its_offline_status_writes_and_the_cloud_gets_one_write
         hub.status()["cache"]
     );
     // A patch naming another pod (its uid) is refused and not queued.
-    let (code, _) = patch(
-        &kubelet,
-        "p-0",
-        &status_patch("not-the-uid", "True", "Running"),
+    let wrong_uid = status_patch("not-the-uid", "True", "Running");
+    let (code, ct) = patch(&kubelet, "p-0", &wrong_uid);
+    assert_eq!(
+        (code, ct.as_str()),
+        (409, "application/vnd.kubernetes.protobuf")
     );
-    assert_eq!(code, 409);
+    let refused = kubelet
+        .request(
+            "PATCH",
+            "/api/v1/namespaces/ns1/pods/p-0/status",
+            &[
+                ("User-Agent", KUBELET),
+                ("Accept", "application/json"),
+                ("Content-Type", "application/strategic-merge-patch+json"),
+            ],
+            &wrong_uid,
+        )
+        .unwrap()
+        .json();
+    // As kube-apiserver words a failed uid precondition.
+    assert_eq!(
+        (&refused["reason"], &refused["code"], &refused["details"]),
+        (
+            &json!("Conflict"),
+            &json!(409),
+            &json!({"name": "p-0", "kind": "pods"})
+        ),
+        "{refused}"
+    );
+    let message = refused["message"].as_str().unwrap();
+    let expected = format!(
+        "Operation cannot be fulfilled on pods \"p-0\": Precondition failed: UID in precondition: not-the-uid, UID in object meta: {}",
+        uids[0]
+    );
+    assert_eq!(message, expected);
     assert_eq!(hub.status()["cache"]["queued"], PODS);
 
     let before = s.cloud.audit().len();

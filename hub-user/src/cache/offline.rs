@@ -162,7 +162,8 @@ fn cached(cache: &Cache, info: &RequestInfo) -> Result<Option<Item>, StoreError>
 /// Why a write cannot be accepted offline.
 enum Refused {
     BadRequest(String),
-    Conflict(String),
+    /// The message and what it is about, as kube-apiserver's 409 says them.
+    Conflict(String, StatusDetails),
     Unavailable(String),
 }
 
@@ -170,7 +171,9 @@ impl Refused {
     fn response(self) -> Response<ProxyBody> {
         match self {
             Refused::BadRequest(m) => status(StatusCode::BAD_REQUEST, "BadRequest", &m),
-            Refused::Conflict(m) => status(StatusCode::CONFLICT, "Conflict", &m),
+            Refused::Conflict(m, about) => {
+                status_about(StatusCode::CONFLICT, "Conflict", &m, Some(about))
+            }
             Refused::Unavailable(m) => unavailable(&m),
         }
     }
@@ -405,7 +408,24 @@ impl Cache {
             .take(&write, &raw, MAX_QUEUED)
             .map_err(|e| match e {
                 NotTaken::Refused(Refusal::BadRequest(m)) => Refused::BadRequest(m),
-                NotTaken::Refused(Refusal::Conflict(m)) => Refused::Conflict(m),
+                NotTaken::Refused(Refusal::Conflict(m)) => {
+                    // kube-apiserver names the resource with its group (`leases.coordination.k8s.io`).
+                    let resource = match info.group.as_str() {
+                        "" => info.resource.clone(),
+                        g => format!("{}.{g}", info.resource),
+                    };
+                    Refused::Conflict(
+                        format!(
+                            "Operation cannot be fulfilled on {resource} {:?}: {m}",
+                            info.name
+                        ),
+                        StatusDetails {
+                            name: info.name.clone(),
+                            group: info.group.clone(),
+                            kind: info.resource.clone(),
+                        },
+                    )
+                }
                 NotTaken::Unavailable(m) => Refused::Unavailable(m),
             })?;
         let item = entry.served().ok_or_else(|| {
