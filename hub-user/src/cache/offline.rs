@@ -22,7 +22,7 @@ use super::{
     Cache,
     objects::{self, Encoding, Item},
     serve,
-    store::{self, ObjectKey, StoreError},
+    store::{self, ObjectKey},
 };
 use crate::{
     body::ProxyBody,
@@ -30,7 +30,7 @@ use crate::{
     live::{
         self, Entry, Refusal,
         patch::PatchType,
-        state::{LiveState, NodeWrite, NotTaken},
+        state::{NodeWrite, NotTaken},
     },
     proxy::{
         forward::{full, status, status_about},
@@ -147,18 +147,6 @@ impl Queued {
     }
 }
 
-/// The node's freshest cached copy of an object (any component).
-fn cached(cache: &Cache, info: &RequestInfo) -> Result<Option<Item>, StoreError> {
-    let p = store::prefix("node", &info.gvr(), Some(&info.namespace), Some(&info.name));
-    Ok(cache
-        .store
-        .scan(&p)?
-        .into_iter()
-        .filter(|(_, r)| !r.deleted)
-        .max_by_key(|(_, r)| r.item.rv)
-        .map(|(_, r)| r.item))
-}
-
 /// Why a write cannot be accepted offline.
 enum Refused {
     BadRequest(String),
@@ -191,7 +179,11 @@ fn result_of(
     if info.verb == "patch" {
         let kind = PatchType::of_content_type(content_type)
             .ok_or_else(|| bad(format!("unsupported patch type {content_type:?}")))?;
-        let current = match cached(cache, info).map_err(|e| Refused::Unavailable(e.to_string()))? {
+        let current = match cache
+            .store
+            .freshest("node", info)
+            .map_err(|e| Refused::Unavailable(e.to_string()))?
+        {
             Some(c) => c,
             // An event the node recorded before the hub saw it (kubelet bumps its count
             // by a patch): the patch still goes to the cloud; answer with what it says.
@@ -335,7 +327,7 @@ impl Cache {
             if super::tokens::is_token_request(&info) {
                 return me.token_offline(&info, &content_type, &body);
             }
-            let (code, item) = if LiveState::keeps(&info) {
+            let (code, item) = if live::replay_as(&info).is_some() {
                 match me.take_live(&info, &queued, &body) {
                     Ok((item, queued)) => {
                         me.note_queued(store::Enqueued { queued, dropped: 0 }, behind_replay);

@@ -228,6 +228,21 @@ fn with_live_state(
     Ok(floor)
 }
 
+/// The copies `credential` holds of one object, as they are served now (the node's live
+/// state in their place), and the lowest resourceVersion served from that state.
+fn one_object(
+    store: &Store,
+    credential: &str,
+    gvr: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<(Vec<Latest>, Option<u64>), String> {
+    let p = store::prefix(credential, gvr, Some(namespace), Some(name));
+    let mut objects = latest(store.scan(&p).map_err(|e| e.to_string())?);
+    let floor = with_live_state(store, gvr, (Some(namespace), Some(name)), &mut objects)?;
+    Ok((objects, floor))
+}
+
 /// The kind of the objects in a scope: an object's own, else the kind the cloud named
 /// the list by (`hint`, e.g. `CSIDriver`), else the resource's well-known kind.
 fn kind_of(objects: &[Latest], resource: &str, hint: &str) -> Result<String, String> {
@@ -452,15 +467,7 @@ fn get(
     prefs: &[Encoding],
 ) -> Result<Response<ProxyBody>, String> {
     let gvr = info.gvr();
-    let p = store::prefix(credential, &gvr, Some(&info.namespace), Some(&info.name));
-    let records = store.scan(&p).map_err(|e| e.to_string())?;
-    let mut objects = latest(records);
-    with_live_state(
-        store,
-        &gvr,
-        (Some(&info.namespace), Some(&info.name)),
-        &mut objects,
-    )?;
+    let (objects, _) = one_object(store, credential, &gvr, &info.namespace, &info.name)?;
     let not_found = || {
         status_about(
             StatusCode::NOT_FOUND,
@@ -559,19 +566,9 @@ fn scope_objects(
         // One object asked for by name: the copy a GET would be answered from (or its
         // tombstone) answers the list too.
         if let Some(name) = asked.single_name() {
-            let records = store
-                .scan(&store::prefix(
-                    credential,
-                    &gvr,
-                    Some(&info.namespace),
-                    Some(name),
-                ))
-                .map_err(|e| e.to_string())?;
-            if !records.is_empty() {
-                let mut objects = latest(records);
+            let (objects, floor) = one_object(store, credential, &gvr, &info.namespace, name)?;
+            if !objects.is_empty() {
                 let rv = objects.iter().map(|l| l.newest_rv).max().unwrap_or(0);
-                let scope = (Some(info.namespace.as_str()), Some(name));
-                let floor = with_live_state(store, &gvr, scope, &mut objects)?;
                 return Ok((objects, floor.map_or(rv, |f| f.min(rv)), String::new()));
             }
         }
@@ -927,7 +924,7 @@ async fn watch(
                 _ = tokio::time::sleep(CLOUD_CHECK) => {}
                 _ = tx.closed() => return,
                 changed = changes.recv() => match changed {
-                    Ok(c) if c.gvr == info.gvr()
+                    Ok(c) if info.gvr_is(&c.gvr)
                         && (info.namespace.is_empty() || c.namespace == info.namespace) =>
                     {
                         let (store, credential) = (store.clone(), credential.clone());
@@ -997,11 +994,7 @@ fn live_object(
     name: &str,
     enc: Encoding,
 ) -> Result<Option<Item>, String> {
-    let records = store
-        .scan(&store::prefix(credential, gvr, Some(namespace), Some(name)))
-        .map_err(|e| e.to_string())?;
-    let mut objects = latest(records);
-    with_live_state(store, gvr, (Some(namespace), Some(name)), &mut objects)?;
+    let (objects, _) = one_object(store, credential, gvr, namespace, name)?;
     Ok(objects
         .first()
         .filter(|l| l.live)

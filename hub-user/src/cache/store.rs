@@ -661,6 +661,22 @@ impl Store {
         .map_err(db_err)
     }
 
+    /// Runs `f` in one write transaction and commits what it did when it returns Ok (an
+    /// Err leaves the store as it was). The store stays open for writing meanwhile.
+    fn in_write<T>(
+        &self,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
+        let Some(Db::ReadWrite(db)) = guard.as_ref() else {
+            return Err(StoreError::Db("store closed or opened read-only".into()));
+        };
+        let txn = db.begin_write().map_err(db_err)?;
+        let out = f(&txn)?;
+        txn.commit().map_err(db_err)?;
+        Ok(out)
+    }
+
     /// Every record whose key starts with `prefix` (tombstones included), in key order.
     pub fn scan(&self, prefix: &[u8]) -> Result<Vec<(ObjectKey, Record)>, StoreError> {
         let txn = self.read()?;
@@ -676,6 +692,27 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// The freshest live copy `credential` holds of the object `info` names (any
+    /// component's, either encoding).
+    pub fn freshest(
+        &self,
+        credential: &str,
+        info: &crate::proxy::request::RequestInfo,
+    ) -> Result<Option<Item>, StoreError> {
+        let p = prefix(
+            credential,
+            &info.gvr(),
+            Some(&info.namespace),
+            Some(&info.name),
+        );
+        Ok(self
+            .scan(&p)?
+            .into_iter()
+            .filter(|(_, r)| !r.deleted)
+            .max_by_key(|(_, r)| r.item.rv)
+            .map(|(_, r)| r.item))
     }
 
     /// The complete lists of `gvr` in `namespace` ("" = all namespaces / cluster-scoped)
@@ -983,61 +1020,57 @@ impl Store {
         max: u64,
         expendable: Option<Budget>,
     ) -> Result<Enqueued, StoreError> {
-        let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
-        let Some(Db::ReadWrite(db)) = guard.as_ref() else {
-            return Err(StoreError::Db("store closed or opened read-only".into()));
-        };
-        let txn = db.begin_write().map_err(db_err)?;
-        let done = {
-            let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
-            let mut cheap = txn.open_table(EXPENDABLE).map_err(db_err)?;
-            let mut dropped = 0;
-            if let Some(budget) = expendable {
-                // Make room by dropping the oldest expendable writes, never others.
-                let size = write.len() as u64;
-                let total_row = cheap.get(BUDGET_TOTAL).map_err(db_err)?.map(|v| v.value());
-                let mut total = total_row.unwrap_or(0);
-                let mut count = cheap.len().map_err(db_err)? - u64::from(total_row.is_some());
-                while count > 0 && (count >= budget.count || total + size > budget.bytes) {
-                    let Some((seq, len)) = cheap
-                        .first()
+        self.in_write(|txn| {
+            let done = {
+                let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
+                let mut cheap = txn.open_table(EXPENDABLE).map_err(db_err)?;
+                let mut dropped = 0;
+                if let Some(budget) = expendable {
+                    // Make room by dropping the oldest expendable writes, never others.
+                    let size = write.len() as u64;
+                    let total_row = cheap.get(BUDGET_TOTAL).map_err(db_err)?.map(|v| v.value());
+                    let mut total = total_row.unwrap_or(0);
+                    let mut count = cheap.len().map_err(db_err)? - u64::from(total_row.is_some());
+                    while count > 0 && (count >= budget.count || total + size > budget.bytes) {
+                        let Some((seq, len)) = cheap
+                            .first()
+                            .map_err(db_err)?
+                            .map(|(k, v)| (k.value(), v.value()))
+                            .filter(|(k, _)| *k != BUDGET_TOTAL)
+                        else {
+                            break;
+                        };
+                        cheap.remove(seq).map_err(db_err)?;
+                        outbox.remove(seq).map_err(db_err)?;
+                        (count, total, dropped) = (count - 1, total - len, dropped + 1);
+                    }
+                    if size > budget.bytes {
+                        return Err(StoreError::Db(format!(
+                            "this write ({size} bytes) is larger than its queue's budget"
+                        )));
+                    }
+                    cheap.insert(BUDGET_TOTAL, total + size).map_err(db_err)?;
+                }
+                let len = outbox.len().map_err(db_err)?;
+                let next = append_row(&mut outbox, write, max)?;
+                if expendable.is_some() {
+                    cheap.insert(next, write.len() as u64).map_err(db_err)?;
+                }
+                if let Some((key, item)) = update {
+                    let rec = Record::live(item, false, now());
+                    txn.open_table(OBJECTS)
                         .map_err(db_err)?
-                        .map(|(k, v)| (k.value(), v.value()))
-                        .filter(|(k, _)| *k != BUDGET_TOTAL)
-                    else {
-                        break;
-                    };
-                    cheap.remove(seq).map_err(db_err)?;
-                    outbox.remove(seq).map_err(db_err)?;
-                    (count, total, dropped) = (count - 1, total - len, dropped + 1);
+                        .insert(key.encode().as_slice(), rec.encode().as_slice())
+                        .map_err(db_err)?;
                 }
-                if size > budget.bytes {
-                    return Err(StoreError::Db(format!(
-                        "this write ({size} bytes) is larger than its queue's budget"
-                    )));
+                self.queued.store(len + 1, Ordering::Relaxed);
+                Enqueued {
+                    queued: len + 1,
+                    dropped,
                 }
-                cheap.insert(BUDGET_TOTAL, total + size).map_err(db_err)?;
-            }
-            let len = outbox.len().map_err(db_err)?;
-            let next = append_row(&mut outbox, write, max)?;
-            if expendable.is_some() {
-                cheap.insert(next, write.len() as u64).map_err(db_err)?;
-            }
-            if let Some((key, item)) = update {
-                let rec = Record::live(item, false, now());
-                txn.open_table(OBJECTS)
-                    .map_err(db_err)?
-                    .insert(key.encode().as_slice(), rec.encode().as_slice())
-                    .map_err(db_err)?;
-            }
-            self.queued.store(len + 1, Ordering::Relaxed);
-            Enqueued {
-                queued: len + 1,
-                dropped,
-            }
-        };
-        txn.commit().map_err(db_err)?;
-        Ok(done)
+            };
+            Ok(done)
+        })
     }
 
     /// The oldest queued writes, in order.
@@ -1069,19 +1102,16 @@ impl Store {
 
     /// Removes a replayed (or unreplayable) write from the queue.
     pub fn dequeue(&self, seq: u64) -> Result<(), StoreError> {
-        let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
-        let Some(Db::ReadWrite(db)) = guard.as_ref() else {
-            return Err(StoreError::Db("store closed or opened read-only".into()));
-        };
-        let txn = db.begin_write().map_err(db_err)?;
-        {
-            let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
-            outbox.remove(seq).map_err(db_err)?;
-            forget_expendable(&mut txn.open_table(EXPENDABLE).map_err(db_err)?, seq)?;
-            self.queued
-                .store(outbox.len().map_err(db_err)?, Ordering::Relaxed);
-        }
-        txn.commit().map_err(db_err)
+        self.in_write(|txn| {
+            {
+                let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
+                outbox.remove(seq).map_err(db_err)?;
+                forget_expendable(&mut txn.open_table(EXPENDABLE).map_err(db_err)?, seq)?;
+                self.queued
+                    .store(outbox.len().map_err(db_err)?, Ordering::Relaxed);
+            }
+            Ok(())
+        })
     }
 
     /// Removes every queued write `pick` chooses (by sequence number and bytes: `Some`,
@@ -1091,39 +1121,35 @@ impl Store {
         &self,
         pick: impl Fn(u64, &[u8]) -> Option<Option<Vec<u8>>>,
     ) -> Result<(u64, Vec<Vec<u8>>), StoreError> {
-        let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
-        let Some(Db::ReadWrite(db)) = guard.as_ref() else {
-            return Err(StoreError::Db("store closed or opened read-only".into()));
-        };
-        let txn = db.begin_write().map_err(db_err)?;
-        let mut removed = 0;
-        let mut entries = Vec::new();
-        {
-            let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
-            let mut picked = Vec::new();
-            for entry in outbox.iter().map_err(db_err)? {
-                let (k, v) = entry.map_err(db_err)?;
-                if let Some(live) = pick(k.value(), v.value()) {
-                    picked.push((k.value(), live));
+        self.in_write(|txn| {
+            let mut removed = 0;
+            let mut entries = Vec::new();
+            {
+                let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
+                let mut picked = Vec::new();
+                for entry in outbox.iter().map_err(db_err)? {
+                    let (k, v) = entry.map_err(db_err)?;
+                    if let Some(live) = pick(k.value(), v.value()) {
+                        picked.push((k.value(), live));
+                    }
                 }
-            }
-            let mut cheap = txn.open_table(EXPENDABLE).map_err(db_err)?;
-            let mut live = txn.open_table(LIVE).map_err(db_err)?;
-            for (seq, live_key) in picked {
-                outbox.remove(seq).map_err(db_err)?;
-                forget_expendable(&mut cheap, seq)?;
-                removed += 1;
-                if let Some(k) = live_key
-                    && let Some(entry) = live.remove(k.as_slice()).map_err(db_err)?
-                {
-                    entries.push(entry.value().to_vec());
+                let mut cheap = txn.open_table(EXPENDABLE).map_err(db_err)?;
+                let mut live = txn.open_table(LIVE).map_err(db_err)?;
+                for (seq, live_key) in picked {
+                    outbox.remove(seq).map_err(db_err)?;
+                    forget_expendable(&mut cheap, seq)?;
+                    removed += 1;
+                    if let Some(k) = live_key
+                        && let Some(entry) = live.remove(k.as_slice()).map_err(db_err)?
+                    {
+                        entries.push(entry.value().to_vec());
+                    }
                 }
+                self.queued
+                    .store(outbox.len().map_err(db_err)?, Ordering::Relaxed);
             }
-            self.queued
-                .store(outbox.len().map_err(db_err)?, Ordering::Relaxed);
-        }
-        txn.commit().map_err(db_err)?;
-        Ok((removed, entries))
+            Ok((removed, entries))
+        })
     }
 
     /// Folds a write into the live entry `key`, in one transaction: `fold` gets the entry
@@ -1137,30 +1163,26 @@ impl Store {
         max: u64,
         fold: impl FnOnce(Option<Vec<u8>>) -> Result<Vec<u8>, E>,
     ) -> Result<Result<u64, E>, StoreError> {
-        let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
-        let Some(Db::ReadWrite(db)) = guard.as_ref() else {
-            return Err(StoreError::Db("store closed or opened read-only".into()));
-        };
-        let txn = db.begin_write().map_err(db_err)?;
-        let len = {
-            let mut live = txn.open_table(LIVE).map_err(db_err)?;
-            let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
-            let held = live.get(key).map_err(db_err)?.map(|v| v.value().to_vec());
-            let new_row = held.is_none();
-            let entry = match fold(held) {
-                Ok(e) => e,
-                Err(why) => return Ok(Err(why)),
+        self.in_write(|txn| {
+            let len = {
+                let mut live = txn.open_table(LIVE).map_err(db_err)?;
+                let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
+                let held = live.get(key).map_err(db_err)?.map(|v| v.value().to_vec());
+                let new_row = held.is_none();
+                let entry = match fold(held) {
+                    Ok(e) => e,
+                    Err(why) => return Ok(Err(why)),
+                };
+                if new_row {
+                    append_row(&mut outbox, row, max)?;
+                }
+                let len = outbox.len().map_err(db_err)?;
+                live.insert(key, entry.as_slice()).map_err(db_err)?;
+                len
             };
-            if new_row {
-                append_row(&mut outbox, row, max)?;
-            }
-            let len = outbox.len().map_err(db_err)?;
-            live.insert(key, entry.as_slice()).map_err(db_err)?;
-            len
-        };
-        txn.commit().map_err(db_err)?;
-        self.queued.store(len, Ordering::Relaxed);
-        Ok(Ok(len))
+            self.queued.store(len, Ordering::Relaxed);
+            Ok(Ok(len))
+        })
     }
 
     /// The live entry `key`, if the node holds one.
@@ -1201,28 +1223,25 @@ impl Store {
         key: &[u8],
         settle: impl FnOnce(Option<Vec<u8>>) -> Option<Vec<u8>>,
     ) -> Result<(), StoreError> {
-        let guard = self.db.read().unwrap_or_else(|p| p.into_inner());
-        let Some(Db::ReadWrite(db)) = guard.as_ref() else {
-            return Err(StoreError::Db("store closed or opened read-only".into()));
-        };
-        let txn = db.begin_write().map_err(db_err)?;
-        {
-            let mut live = txn.open_table(LIVE).map_err(db_err)?;
-            let held = live.get(key).map_err(db_err)?.map(|v| v.value().to_vec());
-            match settle(held) {
-                Some(entry) => {
-                    live.insert(key, entry.as_slice()).map_err(db_err)?;
-                }
-                None => {
-                    live.remove(key).map_err(db_err)?;
-                    let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
-                    outbox.remove(seq).map_err(db_err)?;
-                    self.queued
-                        .store(outbox.len().map_err(db_err)?, Ordering::Relaxed);
+        self.in_write(|txn| {
+            {
+                let mut live = txn.open_table(LIVE).map_err(db_err)?;
+                let held = live.get(key).map_err(db_err)?.map(|v| v.value().to_vec());
+                match settle(held) {
+                    Some(entry) => {
+                        live.insert(key, entry.as_slice()).map_err(db_err)?;
+                    }
+                    None => {
+                        live.remove(key).map_err(db_err)?;
+                        let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
+                        outbox.remove(seq).map_err(db_err)?;
+                        self.queued
+                            .store(outbox.len().map_err(db_err)?, Ordering::Relaxed);
+                    }
                 }
             }
-        }
-        txn.commit().map_err(db_err)
+            Ok(())
+        })
     }
 
     /// Stored entries (objects and tombstones) and the file's size: cheap enough for

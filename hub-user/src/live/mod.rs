@@ -34,6 +34,7 @@ use serde_json::Value;
 use crate::{
     cache::objects::{self, Encoding, Item},
     convert,
+    proxy::request::RequestInfo,
 };
 
 /// A patch that cannot be applied: what kube-apiserver would refuse.
@@ -69,8 +70,8 @@ pub enum Write<'a> {
 /// An object the node wrote while offline.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Entry {
+    /// `group/version/resource`, as `RequestInfo::gvr` writes it.
     pub gvr: String,
-    pub resource: String,
     pub namespace: String,
     pub name: String,
     /// Where its net write goes: the object's path, `/status` included for a status write.
@@ -103,10 +104,16 @@ pub fn scope_prefix(gvr: &str, namespace: Option<&str>) -> Vec<u8> {
 }
 
 /// The writes whose object the node keeps live offline, and how each goes back.
-pub fn replay_as(group: &str, resource: &str, subresource: &str, verb: &str) -> Option<ReplayAs> {
-    match (group, resource, subresource, verb) {
-        ("", "pods" | "nodes", "status", "patch" | "update") => Some(ReplayAs::Patch),
-        ("coordination.k8s.io", "leases", "", "update") => Some(ReplayAs::Put),
+pub fn replay_as(info: &RequestInfo) -> Option<ReplayAs> {
+    let named = !info.name.is_empty();
+    match (
+        info.group.as_str(),
+        info.resource.as_str(),
+        info.subresource.as_str(),
+        info.verb,
+    ) {
+        ("", "pods" | "nodes", "status", "patch" | "update") if named => Some(ReplayAs::Patch),
+        ("coordination.k8s.io", "leases", "", "update") if named => Some(ReplayAs::Put),
         _ => None,
     }
 }
@@ -204,7 +211,8 @@ impl Entry {
             "resourceVersion".into(),
             self.served_rv().to_string().into(),
         );
-        objects::from_json(&self.resource, v, "", "").ok()
+        let resource = self.gvr.rsplit('/').next().unwrap_or_default();
+        objects::from_json(resource, v, "", "").ok()
     }
 
     /// Folds one more write in.
@@ -293,7 +301,6 @@ mod tests {
             "status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]}});
         Entry {
             gvr: "/v1/pods".into(),
-            resource: "pods".into(),
             namespace: "ns".into(),
             name: "p".into(),
             path: "/api/v1/namespaces/ns/pods/p/status".into(),

@@ -10,7 +10,7 @@ use super::{Changed, Entry, Refusal, Write, patch::PatchType, replay_as};
 use crate::{
     cache::{
         objects::{Encoding, Item},
-        store::{self, Store, StoreError},
+        store::{Store, StoreError},
     },
     convert,
     proxy::request::RequestInfo,
@@ -44,14 +44,7 @@ fn cloud_copy(
     store: &Store,
     info: &RequestInfo,
 ) -> Result<Option<(Value, u64, Encoding)>, StoreError> {
-    let p = store::prefix("node", &info.gvr(), Some(&info.namespace), Some(&info.name));
-    let freshest = store
-        .scan(&p)?
-        .into_iter()
-        .filter(|(_, r)| !r.deleted)
-        .max_by_key(|(_, r)| r.item.rv)
-        .map(|(_, r)| r.item);
-    Ok(freshest.and_then(|item: Item| {
+    Ok(store.freshest("node", info)?.and_then(|item: Item| {
         let json = item.in_encoding(Encoding::Json)?;
         let v = serde_json::from_slice(&json.body).ok()?;
         Some((v, item.rv, item.encoding))
@@ -93,22 +86,15 @@ impl LiveState {
         self.changes.subscribe()
     }
 
-    /// Whether the node keeps this write's object live offline.
-    pub fn keeps(info: &RequestInfo) -> bool {
-        !info.name.is_empty()
-            && replay_as(&info.group, &info.resource, &info.subresource, info.verb).is_some()
-    }
-
     /// Takes one write of the node: folded into its object's entry (made from the node's
     /// freshest cached copy on the first write, carried onto a newer one if the cloud's
     /// moved on) and queued for replay with `row` if the object had none, in one
     /// transaction. Returns the entry as it now is and the queue's length.
     pub fn take(&self, w: &NodeWrite, row: &[u8], max: u64) -> Result<(Entry, u64), NotTaken> {
         let info = w.info;
-        let replay = replay_as(&info.group, &info.resource, &info.subresource, info.verb)
-            .ok_or_else(|| {
-                NotTaken::Unavailable(format!("{} {} is not kept live", info.verb, info.resource))
-            })?;
+        let replay = replay_as(info).ok_or_else(|| {
+            NotTaken::Unavailable(format!("{} {} is not kept live", info.verb, info.resource))
+        })?;
         let body = body_json(w.content_type, w.body).map_err(NotTaken::Refused)?;
         let write = parse_write(w, &body).map_err(NotTaken::Refused)?;
         let unavailable = |e: StoreError| NotTaken::Unavailable(e.to_string());
@@ -126,7 +112,6 @@ impl LiveState {
                     (Some(e), _) => e,
                     (None, Some((cloud, rv, encoding))) => Entry {
                         gvr: info.gvr(),
-                        resource: info.resource.clone(),
                         namespace: info.namespace.clone(),
                         name: info.name.clone(),
                         path: w.path.to_string(),
