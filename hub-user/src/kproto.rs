@@ -333,12 +333,20 @@ pub fn status(reason: &str, message: &str, code: u64, about: Option<&StatusDetai
     put_bytes(&mut raw, 3, message.as_bytes());
     put_bytes(&mut raw, 4, reason.as_bytes());
     if let Some(d) = about {
-        // StatusDetails { name 1, group 2, kind 3, retryAfterSeconds 5, uid 6 }, every
+        // StatusDetails { name 1, group 2, kind 3, causes 4, retryAfterSeconds 5, uid 6 }, every
         // scalar written even when empty, as Go's encoder does.
         let mut details = Vec::new();
         put_bytes(&mut details, 1, d.name.as_bytes());
         put_bytes(&mut details, 2, d.group.as_bytes());
         put_bytes(&mut details, 3, d.kind.as_bytes());
+        for c in &d.causes {
+            // StatusCause { reason 1, message 2, field 3 }.
+            let mut cause = Vec::new();
+            put_bytes(&mut cause, 1, c.reason.as_bytes());
+            put_bytes(&mut cause, 2, c.message.as_bytes());
+            put_bytes(&mut cause, 3, c.field.as_bytes());
+            put_bytes(&mut details, 4, &cause);
+        }
         put_uint(&mut details, 5, 0);
         put_bytes(&mut details, 6, b"");
         put_bytes(&mut raw, 5, &details);
@@ -354,6 +362,16 @@ pub struct StatusDetails {
     pub name: String,
     pub group: String,
     pub kind: String,
+    /// What was invalid, field by field (a 422's).
+    pub causes: Vec<StatusCause>,
+}
+
+/// One reason a request was invalid: `FieldValueInvalid` of `metadata.uid`, say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusCause {
+    pub reason: String,
+    pub message: String,
+    pub field: String,
 }
 
 impl StatusDetails {
@@ -361,6 +379,13 @@ impl StatusDetails {
         let mut v = serde_json::json!({"name": self.name, "kind": self.kind});
         if !self.group.is_empty() {
             v["group"] = self.group.clone().into();
+        }
+        if !self.causes.is_empty() {
+            v["causes"] = self
+                .causes
+                .iter()
+                .map(|c| serde_json::json!({"reason": c.reason, "message": c.message, "field": c.field}))
+                .collect();
         }
         v
     }

@@ -2,7 +2,8 @@
 //! two-way strategic merge patches a real kubelet 1.36 sends (recorded in
 //! `fixtures/wire/kube-apiserver-1.36/patch-pod-status-strategic`) — are applied to the
 //! pods it is served in protobuf and JSON, reach its open watch as MODIFIED events, and
-//! fold into one write per pod that the cloud gets on its return.
+//! fold into one write per pod that the cloud gets on its return. A write naming another
+//! pod is refused as kube-apiserver refuses it.
 use std::time::Duration;
 
 use hub_tests::{
@@ -198,12 +199,14 @@ fn the_kubelet_reads_back_its_offline_status_writes_and_the_cloud_gets_one_write
         "{}",
         hub.status()["cache"]
     );
-    // A patch naming another pod (its uid) is refused and not queued.
+    // A patch naming another pod (its uid) is refused and not queued, as a real
+    // kube-apiserver 1.36 refuses it (recorded: `patch-pod-status-wrong-uid`, a 422 for
+    // its pod "w-1").
     let wrong_uid = status_patch("not-the-uid", "True", "Running");
     let (code, ct) = patch(&kubelet, "p-0", &wrong_uid);
     assert_eq!(
         (code, ct.as_str()),
-        (409, "application/vnd.kubernetes.protobuf")
+        (422, "application/vnd.kubernetes.protobuf")
     );
     let refused = kubelet
         .request(
@@ -218,22 +221,28 @@ fn the_kubelet_reads_back_its_offline_status_writes_and_the_cloud_gets_one_write
         )
         .unwrap()
         .json();
-    // As kube-apiserver words a failed uid precondition.
+    let recorded: Value = serde_json::from_slice(
+        &std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/wire/kube-apiserver-1.36/patch-pod-status-wrong-uid/response.body"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    for field in ["kind", "apiVersion", "status", "reason", "code"] {
+        assert_eq!(refused[field], recorded[field], "{field}: {refused}");
+    }
     assert_eq!(
-        (&refused["reason"], &refused["code"], &refused["details"]),
-        (
-            &json!("Conflict"),
-            &json!(409),
-            &json!({"name": "p-0", "kind": "pods"})
-        ),
-        "{refused}"
+        refused["message"].as_str().unwrap(),
+        recorded["message"].as_str().unwrap().replace("w-1", "p-0")
     );
-    let message = refused["message"].as_str().unwrap();
-    let expected = format!(
-        "Operation cannot be fulfilled on pods \"p-0\": Precondition failed: UID in precondition: not-the-uid, UID in object meta: {}",
-        uids[0]
+    assert_eq!(refused["details"]["name"], "p-0");
+    assert_eq!(refused["details"]["kind"], recorded["details"]["kind"]);
+    // kube-apiserver lists the one cause twice for a pod's status; the hub once.
+    assert_eq!(
+        refused["details"]["causes"],
+        json!([recorded["details"]["causes"][0]])
     );
-    assert_eq!(message, expected);
     assert_eq!(hub.status()["cache"]["queued"], PODS);
 
     let before = s.cloud.audit().len();

@@ -1281,6 +1281,35 @@ fn seeded_cloud(version: &str) -> Cloud {
     cloud
 }
 
+/// The recorded request body, ready for the stand-in: a `metadata.uid` that named the
+/// recorded object (the kubelet's status patch carries it) names this cluster's; any
+/// other (one naming no object) stays.
+fn replayed_body(cloud: &Cloud, e: &Exchange, body: Vec<u8>) -> Vec<u8> {
+    let Ok(mut doc) = serde_json::from_slice::<Value>(&body) else {
+        return body;
+    };
+    let Some(uid) = doc["metadata"]["uid"].as_str().map(str::to_string) else {
+        return body;
+    };
+    let answered_uid = if is_protobuf(e) {
+        let json = hub::convert::to_json(&e.body, hub::convert::Style::default());
+        json.ok()
+            .and_then(|j| serde_json::from_slice::<Value>(&j).ok())
+            .and_then(|v| v["metadata"]["uid"].as_str().map(str::to_string))
+    } else {
+        serde_json::from_slice::<Value>(&e.body)
+            .ok()
+            .and_then(|v| v["metadata"]["uid"].as_str().map(str::to_string))
+    };
+    if answered_uid.as_deref() != Some(uid.as_str()) {
+        return body;
+    }
+    let path = e.path.trim_end_matches("/status");
+    let here = cloud.admin.get(path).json();
+    doc["metadata"]["uid"] = here["metadata"]["uid"].clone();
+    serde_json::to_vec(&doc).unwrap()
+}
+
 /// The recorded request, ready for the stand-in: resourceVersions and continue tokens of
 /// the recorded cluster are replaced by this cluster's.
 fn replayed_path(cloud: &Cloud, name: &str, path: &str) -> String {
@@ -1392,7 +1421,11 @@ fn stand_in_answers_like(version: &str) {
         let dir = recordings(version).join(&e.name);
         let req: Value =
             serde_json::from_slice(&std::fs::read(dir.join("request.json")).unwrap()).unwrap();
-        let body = std::fs::read(dir.join("request.body")).unwrap_or_default();
+        let body = replayed_body(
+            &cloud,
+            &e,
+            std::fs::read(dir.join("request.body")).unwrap_or_default(),
+        );
         let client = match req["identity"].as_str().unwrap() {
             "admin" => &cloud.admin,
             "alice" => &cloud.alice,
@@ -1690,6 +1723,7 @@ fn hubs_protobuf_status_reads_like(version: &str) {
         name: "nope".into(),
         group: String::new(),
         kind: "pods".into(),
+        causes: Vec::new(),
     };
     let bytes = hub::kproto::status("NotFound", message, 404, Some(&about));
     assert_eq!(decode(&bytes), recorded, "{version}");

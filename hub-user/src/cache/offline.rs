@@ -26,7 +26,7 @@ use super::{
 };
 use crate::{
     body::ProxyBody,
-    kproto::{self, StatusDetails},
+    kproto::{self, StatusCause, StatusDetails},
     live::{
         self, Entry, Refusal,
         patch::PatchType,
@@ -150,8 +150,8 @@ impl Queued {
 /// Why a write cannot be accepted offline.
 enum Refused {
     BadRequest(String),
-    /// The message and what it is about, as kube-apiserver's 409 says them.
-    Conflict(String, StatusDetails),
+    /// The message and what it is about, as kube-apiserver's 422 says them.
+    Invalid(String, StatusDetails),
     Unavailable(String),
 }
 
@@ -159,8 +159,8 @@ impl Refused {
     fn response(self) -> Response<ProxyBody> {
         match self {
             Refused::BadRequest(m) => status(StatusCode::BAD_REQUEST, "BadRequest", &m),
-            Refused::Conflict(m, about) => {
-                status_about(StatusCode::CONFLICT, "Conflict", &m, Some(about))
+            Refused::Invalid(m, about) => {
+                status_about(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", &m, Some(about))
             }
             Refused::Unavailable(m) => unavailable(&m),
         }
@@ -274,6 +274,7 @@ fn register_node(cache: &Cache, content_type: &str, body: &[u8]) -> Response<Pro
                 name: node.name.clone(),
                 group: String::new(),
                 kind: "nodes".into(),
+                causes: Vec::new(),
             }),
         ),
         Ok(_) => unavailable(&format!(
@@ -400,21 +401,21 @@ impl Cache {
             .take(&write, &raw, MAX_QUEUED)
             .map_err(|e| match e {
                 NotTaken::Refused(Refusal::BadRequest(m)) => Refused::BadRequest(m),
-                NotTaken::Refused(Refusal::Conflict(m)) => {
-                    // kube-apiserver names the resource with its group (`leases.coordination.k8s.io`).
-                    let resource = match info.group.as_str() {
-                        "" => info.resource.clone(),
-                        g => format!("{}.{g}", info.resource),
-                    };
-                    Refused::Conflict(
-                        format!(
-                            "Operation cannot be fulfilled on {resource} {:?}: {m}",
-                            info.name
-                        ),
+                NotTaken::Refused(Refusal::Immutable { kind, field, value }) => {
+                    // As kube-apiserver's validation words it (it lists the cause twice
+                    // for a pod's status; once is what it means).
+                    let why = format!("Invalid value: {value:?}: field is immutable");
+                    Refused::Invalid(
+                        format!("{kind} {:?} is invalid: {field}: {why}", info.name),
                         StatusDetails {
                             name: info.name.clone(),
                             group: info.group.clone(),
-                            kind: info.resource.clone(),
+                            kind,
+                            causes: vec![StatusCause {
+                                reason: "FieldValueInvalid".into(),
+                                message: why,
+                                field: field.into(),
+                            }],
                         },
                     )
                 }

@@ -477,6 +477,7 @@ fn get(
                 name: info.name.clone(),
                 group: info.group.clone(),
                 kind: info.resource.clone(),
+                causes: Vec::new(),
             }),
         )
     };

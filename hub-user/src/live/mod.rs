@@ -48,8 +48,13 @@ pub enum Refusal {
     /// Malformed, or a patch that does not apply: 400 BadRequest (kube-apiserver answers
     /// 422 or 400 for these).
     BadRequest(String),
-    /// A precondition names another object (its uid): 409 Conflict.
-    Conflict(String),
+    /// The write changes what kube-apiserver keeps (`metadata.uid`: it names another
+    /// object): 422 Invalid, as kube-apiserver answers it.
+    Immutable {
+        kind: String,
+        field: &'static str,
+        value: String,
+    },
 }
 
 /// How an entry's net change goes back to the cloud.
@@ -155,9 +160,11 @@ pub fn apply_write(target: &Value, write: &Write, status_only: bool) -> Result<V
     if let (Some(wanted), Some(held)) = (precondition.as_deref(), uid(target))
         && wanted != held
     {
-        return Err(Refusal::Conflict(format!(
-            "Precondition failed: UID in precondition: {wanted}, UID in object meta: {held}"
-        )));
+        return Err(Refusal::Immutable {
+            kind: target["kind"].as_str().unwrap_or_default().to_string(),
+            field: "metadata.uid",
+            value: wanted.to_string(),
+        });
     }
     if status_only {
         let mut kept = target.clone();
@@ -359,7 +366,7 @@ mod tests {
         let other = json!({"metadata": {"uid": "u2"}, "status": {"phase": "Failed"}});
         assert!(matches!(
             e.fold(&Write::Patch(patch::PatchType::Strategic, &other)),
-            Err(Refusal::Conflict(_))
+            Err(Refusal::Immutable { .. })
         ));
         let broken = json!({"status": {"conditions": [{"status": "True"}]}});
         assert!(matches!(

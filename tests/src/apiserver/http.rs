@@ -1106,6 +1106,27 @@ fn patch_object(state: &State, t: &Target, body: &[u8], ctype: &str) -> Response
     };
     let sub = t.subresource.as_deref();
     let mut failure = None;
+    // A patch whose metadata.uid is not the object's fails validation, with nothing
+    // written: uid is immutable (recorded: patch-pod-status-wrong-uid).
+    let held = state.store.get(&key(t, &name));
+    if let Some(uid) = patch_doc["metadata"]["uid"].as_str()
+        && held.is_some_and(|cur| cur["metadata"]["uid"].as_str() != Some(uid))
+    {
+        let why = format!("Invalid value: {uid:?}: field is immutable");
+        let cause = json!({"reason": "FieldValueInvalid", "message": why, "field": "metadata.uid"});
+        // A pod's status update lists the cause twice (recorded); elsewhere once is assumed.
+        let causes = if sub == Some("status") {
+            vec![cause.clone(), cause]
+        } else {
+            vec![cause]
+        };
+        return status_error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            &format!("{} {name:?} is invalid: metadata.uid: {why}", r.kind),
+            Some(json!({"name": name, "kind": r.kind, "causes": causes})),
+        );
+    }
     let expected = expected_rv(&patch_doc);
     let result = state.store.update(key(t, &name), expected, |cur| {
         let mut new = cur.clone();
