@@ -55,6 +55,8 @@ struct Event {
     key: String,
     rv: String,
     initial_events_end: bool,
+    /// The object's own bytes: its JSON, or its protobuf message (no envelope).
+    raw: Vec<u8>,
 }
 
 /// Any Kubernetes object, as far as its metadata (field 1 of every kind).
@@ -64,13 +66,13 @@ pub struct AnyObject {
     pub metadata: Option<ObjectMeta>,
 }
 
-/// Any Kubernetes list: its ListMeta and its items' metadata.
+/// Any Kubernetes list: its ListMeta and its items' bytes.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct AnyList {
     #[prost(message, optional, tag = "1")]
     pub metadata: Option<ListMeta>,
-    #[prost(message, repeated, tag = "2")]
-    pub items: Vec<AnyObject>,
+    #[prost(bytes = "vec", repeated, tag = "2")]
+    pub items: Vec<Vec<u8>>,
 }
 
 const PROTOBUF: &str = "application/vnd.kubernetes.protobuf,application/json";
@@ -89,6 +91,8 @@ pub struct Informer<'c> {
     mode: Mode,
     /// The informer's store: `namespace/name` → resourceVersion.
     pub objects: BTreeMap<String, u64>,
+    /// Each stored object's bytes (JSON, or its protobuf message without the envelope).
+    pub bodies: BTreeMap<String, Vec<u8>>,
     /// The last resourceVersion seen (a list's, an event's or a bookmark's).
     pub rv: Option<String>,
     watch: Option<Stream<'c>>,
@@ -115,6 +119,7 @@ impl<'c> Informer<'c> {
             selector: selector.to_string(),
             mode,
             objects: BTreeMap::new(),
+            bodies: BTreeMap::new(),
             rv: None,
             watch: None,
             pending: Vec::new(),
@@ -165,8 +170,9 @@ impl<'c> Informer<'c> {
         let from = self.rv.clone().unwrap_or_else(|| "0".into());
         let path = self.query(&format!("limit=500&resourceVersion={from}"));
         let reply = self.request(&path)?;
-        let (rv, names) = decode_list(&reply)?;
-        self.objects = names.into_iter().collect();
+        let (rv, items) = decode_list_items(&reply)?;
+        self.objects = items.iter().map(|(k, rv, _)| (k.clone(), *rv)).collect();
+        self.bodies = items.into_iter().map(|(k, _, raw)| (k, raw)).collect();
         self.rv = Some(rv.clone());
         Ok(Synced {
             how: "list",
@@ -227,6 +233,7 @@ impl<'c> Informer<'c> {
         self.open(path)?;
         let warnings = warnings(&self.watch.as_ref().expect("opened").headers);
         let mut set = BTreeMap::new();
+        let mut bodies = BTreeMap::new();
         let deadline = Instant::now() + SYNC_LIMIT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -245,12 +252,15 @@ impl<'c> Informer<'c> {
                 match e.kind.as_str() {
                     "ADDED" | "MODIFIED" => {
                         set.insert(e.key.clone(), rv_number(&e.rv));
+                        bodies.insert(e.key.clone(), e.raw.clone());
                     }
                     "DELETED" => {
                         set.remove(&e.key);
+                        bodies.remove(&e.key);
                     }
                     "BOOKMARK" if e.initial_events_end => {
                         self.objects = std::mem::take(&mut set);
+                        self.bodies = std::mem::take(&mut bodies);
                         self.rv = Some(e.rv.clone());
                         // Events after the end in the same read are watch events.
                         let after: Vec<Event> = events[i + 1..].to_vec();
@@ -296,9 +306,11 @@ impl<'c> Informer<'c> {
             match e.kind.as_str() {
                 "ADDED" | "MODIFIED" => {
                     self.objects.insert(e.key.clone(), rv_number(&e.rv));
+                    self.bodies.insert(e.key.clone(), e.raw.clone());
                 }
                 "DELETED" => {
                     self.objects.remove(&e.key);
+                    self.bodies.remove(&e.key);
                 }
                 "BOOKMARK" => {}
                 other => {
@@ -408,6 +420,7 @@ fn decode_json_event(line: &[u8]) -> Result<Event, String> {
         key,
         rv,
         initial_events_end: meta["annotations"]["k8s.io/initial-events-end"] == "true",
+        raw: serde_json::to_vec(&v["object"]).unwrap_or_default(),
     })
 }
 
@@ -416,8 +429,8 @@ fn decode_protobuf_event(frame: &[u8]) -> Result<Event, String> {
     let raw = e.object.and_then(|o| o.raw).unwrap_or_default();
     let u = Unknown::decode(raw.strip_prefix(b"k8s\0").ok_or("no k8s envelope")?)
         .map_err(|e| format!("envelope: {e}"))?;
-    let object = AnyObject::decode(u.raw.unwrap_or_default().as_slice())
-        .map_err(|e| format!("object: {e}"))?;
+    let raw = u.raw.unwrap_or_default();
+    let object = AnyObject::decode(raw.as_slice()).map_err(|e| format!("object: {e}"))?;
     let (key, rv) = key_of(object.metadata.as_ref());
     let initial_events_end = object
         .metadata
@@ -429,11 +442,22 @@ fn decode_protobuf_event(frame: &[u8]) -> Result<Event, String> {
         key,
         rv,
         initial_events_end,
+        raw,
     })
 }
 
 /// A list answer's resourceVersion and `namespace/name` → resourceVersion of its items.
 pub fn decode_list(reply: &Reply) -> Result<(String, Vec<(String, u64)>), String> {
+    let (rv, items) = decode_list_items(reply)?;
+    Ok((rv, items.into_iter().map(|(k, rv, _)| (k, rv)).collect()))
+}
+
+/// A list item: `namespace/name`, resourceVersion and the object's own bytes (JSON, or its
+/// protobuf message).
+type ListItem = (String, u64, Vec<u8>);
+
+/// A list answer's resourceVersion and its items.
+fn decode_list_items(reply: &Reply) -> Result<(String, Vec<ListItem>), String> {
     let protobuf = reply
         .header("content-type")
         .is_some_and(|c| c.starts_with("application/vnd.kubernetes.protobuf"));
@@ -459,12 +483,13 @@ pub fn decode_list(reply: &Reply) -> Result<(String, Vec<(String, u64)>), String
             .unwrap_or_default();
         let items = list
             .items
-            .iter()
-            .map(|i| {
-                let (k, rv) = key_of(i.metadata.as_ref());
-                (k, rv_number(&rv))
+            .into_iter()
+            .map(|raw| {
+                let item = AnyObject::decode(raw.as_slice()).map_err(|e| format!("item: {e}"))?;
+                let (k, rv) = key_of(item.metadata.as_ref());
+                Ok((k, rv_number(&rv), raw))
             })
-            .collect();
+            .collect::<Result<_, String>>()?;
         Ok((rv, items))
     } else {
         let v: Value = serde_json::from_slice(&body).map_err(|e| format!("list JSON: {e}"))?;
@@ -474,7 +499,7 @@ pub fn decode_list(reply: &Reply) -> Result<(String, Vec<(String, u64)>), String
             .iter()
             .map(|i| {
                 let (k, rv) = json_key(&i["metadata"]);
-                (k, rv_number(&rv))
+                (k, rv_number(&rv), serde_json::to_vec(i).unwrap_or_default())
             })
             .collect();
         Ok((

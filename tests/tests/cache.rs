@@ -996,7 +996,7 @@ fn gzip_lists_and_protobuf_watches_reach_the_cache_and_come_back_offline() {
 /// Object names and the kind of a list answer, read by full decoders (prost messages with
 /// k8s-pb's ListMeta/ObjectMeta for protobuf, serde_json for JSON), whichever the answer is.
 fn list_answer(reply: &hub_tests::apiserver::client::Reply) -> (String, BTreeSet<String>) {
-    use hub_tests::informer::AnyList;
+    use hub_tests::informer::{AnyList, AnyObject};
     use k8s_pb::apimachinery::pkg::runtime::Unknown;
     use prost::Message;
     let body = match reply.header("content-encoding") {
@@ -1012,7 +1012,10 @@ fn list_answer(reply: &hub_tests::apiserver::client::Reply) -> (String, BTreeSet
         let names = list
             .items
             .into_iter()
-            .map(|i| i.metadata.unwrap().name.unwrap())
+            .map(|raw| {
+                let i = AnyObject::decode(raw.as_slice()).unwrap();
+                i.metadata.unwrap().name.unwrap()
+            })
             .collect();
         (u.type_meta.unwrap().kind.unwrap(), names)
     } else {

@@ -30,7 +30,7 @@ use crate::{
     body::{BodyError, ProxyBody},
     convert, kproto,
     kproto::StatusDetails,
-    live,
+    live::{self, endpoints},
     proxy::{
         forward::{status, status_about},
         request::RequestInfo,
@@ -150,6 +150,13 @@ impl Latest {
         }
     }
 
+    /// Serve `item` (made from the node's live state) in place of the cloud's copies, and
+    /// lower `floor` to its resourceVersion.
+    fn serve_live(&mut self, item: Item, floor: &mut Option<u64>) {
+        *floor = Some(floor.map_or(item.rv, |f| f.min(item.rv)));
+        (self.json, self.protobuf, self.live) = (Some(item), None, true);
+    }
+
     /// The freshest copy in `enc`: as held, or converted from the other encoding when that
     /// copy is newer or the only one (what the kubelet cached in protobuf, for kubectl).
     fn pick(&self, enc: Encoding) -> Option<Cow<'_, Item>> {
@@ -200,15 +207,20 @@ fn latest(records: Vec<(ObjectKey, Record)>) -> Vec<Latest> {
 }
 
 /// The node's live state in place of the cloud's copies it was made from (`crate::live`):
-/// an entry no older than the freshest copy held is what the object is served as. Returns
-/// the lowest resourceVersion served from one, which a list or watch reports no further
-/// than (see `crate::live`).
+/// an entry no older than the freshest copy held is what the object is served as, and
+/// EndpointSlices and Endpoints follow the pods as the node knows them now. Returns the
+/// lowest resourceVersion served from that state, which a list or watch reports no
+/// further than (see `crate::live`).
 fn with_live_state(
     store: &Store,
+    credential: &str,
     gvr: &str,
     scope: (Option<&str>, Option<&str>),
     objects: &mut [Latest],
 ) -> Result<Option<u64>, String> {
+    if let Some(kind) = endpoints::Kind::of(gvr) {
+        return following_pods(store, credential, kind, scope.0, objects);
+    }
     let entries = live::state::held(store, gvr, scope.0, scope.1).map_err(|e| e.to_string())?;
     let mut floor: Option<u64> = None;
     for e in entries {
@@ -222,10 +234,82 @@ fn with_live_state(
             continue;
         }
         let Some(item) = e.served() else { continue };
-        floor = Some(floor.map_or(item.rv, |f| f.min(item.rv)));
-        (l.json, l.protobuf, l.live) = (Some(item), None, true);
+        l.serve_live(item, &mut floor);
     }
     Ok(floor)
+}
+
+/// EndpointSlices or Endpoints as their controller would write them from the pods the
+/// node wrote offline (`live::endpoints`).
+fn following_pods(
+    store: &Store,
+    credential: &str,
+    kind: endpoints::Kind,
+    namespace: Option<&str>,
+    objects: &mut [Latest],
+) -> Result<Option<u64>, String> {
+    let entries =
+        live::state::held(store, endpoints::PODS, namespace, None).map_err(|e| e.to_string())?;
+    let pods = endpoints::Pods::from_entries(&entries);
+    let mut floor: Option<u64> = None;
+    if pods.is_empty() {
+        return Ok(floor);
+    }
+    for l in objects.iter_mut().filter(|l| !l.deleted) {
+        // Only what may name one of the pods is read whole.
+        let ns = l.key.namespace.as_str();
+        let Some(held) = l.json.as_ref().or(l.protobuf.as_ref()) else {
+            continue;
+        };
+        if !pods.named_in(ns, &held.body) {
+            continue;
+        }
+        let Some(json) = l.pick(Encoding::Json) else {
+            continue;
+        };
+        let Ok(obj) = serde_json::from_slice::<serde_json::Value>(&json.body) else {
+            continue;
+        };
+        let service = match kind {
+            endpoints::Kind::Slice => obj["metadata"]["labels"][endpoints::SERVICE_NAME]
+                .as_str()
+                .unwrap_or_default(),
+            endpoints::Kind::Endpoints => l.key.name.as_str(),
+        };
+        let publish = publish_not_ready(store, credential, ns, service)?;
+        let Some(adjusted) = endpoints::adjust(kind, &obj, &pods, publish) else {
+            continue;
+        };
+        let resource = l.key.gvr.rsplit('/').next().unwrap_or_default().to_string();
+        if let Ok(item) = objects::from_json(&resource, adjusted, "", "") {
+            l.serve_live(item, &mut floor);
+        }
+    }
+    Ok(floor)
+}
+
+/// The `publishNotReadyAddresses` of a service `credential` holds, if it holds it.
+fn publish_not_ready(
+    store: &Store,
+    credential: &str,
+    namespace: &str,
+    service: &str,
+) -> Result<Option<bool>, String> {
+    if service.is_empty() {
+        return Ok(None);
+    }
+    let p = store::prefix(credential, "/v1/services", Some(namespace), Some(service));
+    let held = latest(store.scan(&p).map_err(|e| e.to_string())?);
+    let Some(json) = held
+        .first()
+        .filter(|l| !l.deleted)
+        .and_then(|l| l.pick(Encoding::Json))
+    else {
+        return Ok(None);
+    };
+    Ok(serde_json::from_slice::<serde_json::Value>(&json.body)
+        .ok()
+        .map(|svc| svc["spec"]["publishNotReadyAddresses"] == true))
 }
 
 /// The copies `credential` holds of one object, as they are served now (the node's live
@@ -239,7 +323,13 @@ fn one_object(
 ) -> Result<(Vec<Latest>, Option<u64>), String> {
     let p = store::prefix(credential, gvr, Some(namespace), Some(name));
     let mut objects = latest(store.scan(&p).map_err(|e| e.to_string())?);
-    let floor = with_live_state(store, gvr, (Some(namespace), Some(name)), &mut objects)?;
+    let floor = with_live_state(
+        store,
+        credential,
+        gvr,
+        (Some(namespace), Some(name)),
+        &mut objects,
+    )?;
     Ok((objects, floor))
 }
 
@@ -606,7 +696,7 @@ fn scope_objects(
         .map_err(|e| e.to_string())?;
     let mut objects = latest(records);
     let rv = objects.iter().map(|l| l.newest_rv).fold(meta.rv, u64::max);
-    let floor = with_live_state(store, &gvr, (ns, None), &mut objects)?;
+    let floor = with_live_state(store, credential, &gvr, (ns, None), &mut objects)?;
     let rv = floor.map_or(rv, |f| f.min(rv));
     let kind = meta
         .kind
@@ -899,11 +989,18 @@ async fn watch(
     let enc = whole_in_one_encoding(&live, &prefs)?;
     let av = api_version(&info);
     let kind = kind_of(&objects, &info.resource, &kind_hint)?;
-    // The objects this watch has shown, so a later change is ADDED, MODIFIED or DELETED.
-    let mut shown: std::collections::HashSet<(String, String)> = live
-        .iter()
-        .map(|l| (l.key.namespace.clone(), l.key.name.clone()))
-        .collect();
+    // What this watch has shown, so a later change is ADDED, MODIFIED or DELETED.
+    let mut shown = Shown(
+        live.iter()
+            .filter_map(|l| {
+                let item = l.pick(enc)?;
+                Some((
+                    (item.namespace.clone(), item.name.clone()),
+                    Shown::digest(&item),
+                ))
+            })
+            .collect(),
+    );
     // Bookmarks stand at the cache's state, and never past what the node's live state
     // served (see `crate::live`).
     let mut bookmark_rv = rv;
@@ -911,6 +1008,7 @@ async fn watch(
     let first = initial_events(&objects, &sel, enc, &query, &bookmark);
     let bookmarks = param(&query, "allowWatchBookmarks") == "true";
     let timeout = watch_timeout(&query);
+    let follows_pods = endpoints::Kind::of(&info.gvr()).is_some();
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     tokio::spawn(async move {
         let started = Instant::now();
@@ -925,33 +1023,41 @@ async fn watch(
                 _ = tokio::time::sleep(CLOUD_CHECK) => {}
                 _ = tx.closed() => return,
                 changed = changes.recv() => match changed {
-                    Ok(c) if info.gvr_is(&c.gvr)
-                        && (info.namespace.is_empty() || c.namespace == info.namespace) =>
-                    {
+                    Ok(c) if info.namespace.is_empty() || c.namespace == info.namespace => {
                         let (store, credential) = (store.clone(), credential.clone());
-                        let gvr = c.gvr.clone();
-                        let Ok(Some(item)) = run_blocking(move || {
-                            live_object(&store, &credential, &gvr, &c.namespace, &c.name, enc)
-                        })
-                        .await
-                        else {
+                        let items = if info.gvr_is(&c.gvr) {
+                            run_blocking(move || {
+                                live_object(&store, &credential, &c.gvr, &c.namespace, &c.name, enc)
+                            })
+                            .await
+                            .map(|item| item.into_iter().collect())
+                        } else if follows_pods && c.gvr == endpoints::PODS {
+                            // A pod changed: the slices of its namespace may follow it.
+                            let mut narrowed = info.clone();
+                            narrowed.namespace = c.namespace.clone();
+                            let sel = sel.clone();
+                            run_blocking(move || {
+                                let (objects, _, _) =
+                                    scope_objects(&store, &narrowed, &credential, &sel)?;
+                                Ok(objects
+                                    .iter()
+                                    .filter(|l| !l.deleted)
+                                    .filter_map(|l| l.pick(enc).map(Cow::into_owned))
+                                    .collect::<Vec<_>>())
+                            })
+                            .await
+                        } else {
                             continue;
                         };
-                        let id = (item.namespace.clone(), item.name.clone());
-                        let ty = match (sel.matches_item(&item), shown.contains(&id)) {
-                            (true, true) => "MODIFIED",
-                            (true, false) => "ADDED",
-                            (false, true) => "DELETED",
-                            (false, false) => continue,
-                        };
-                        if ty == "DELETED" {
-                            shown.remove(&id);
-                        } else {
-                            shown.insert(id);
-                        }
-                        bookmark_rv = bookmark_rv.min(item.rv);
-                        if tx.send(event(enc, ty, &item)).await.is_err() {
-                            return;
+                        let Ok(items) = items else { continue };
+                        for item in items {
+                            let Some(ty) = shown.change(&item, sel.matches_item(&item)) else {
+                                continue;
+                            };
+                            bookmark_rv = bookmark_rv.min(item.rv);
+                            if tx.send(event(enc, ty, &item)).await.is_err() {
+                                return;
+                            }
                         }
                         continue;
                     }
@@ -983,6 +1089,39 @@ async fn watch(
         }
     });
     Ok(watch_response(FROM_LOCAL_CACHE, enc, rx))
+}
+
+/// The objects an offline watch has shown, with a digest of each as last sent.
+struct Shown(std::collections::HashMap<(String, String), u64>);
+
+impl Shown {
+    fn digest(item: &Item) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        item.body.hash(&mut h);
+        h.finish()
+    }
+
+    /// The event that tells the watch of `item` as it is served now (`selected`: whether
+    /// the watch's selector takes it), if it is news; and notes it as shown.
+    fn change(&mut self, item: &Item, selected: bool) -> Option<&'static str> {
+        let id = (item.namespace.clone(), item.name.clone());
+        let was = self.0.get(&id).copied();
+        let digest = Shown::digest(item);
+        let ty = match (selected, was) {
+            (true, Some(d)) if d == digest => return None,
+            (true, Some(_)) => "MODIFIED",
+            (true, None) => "ADDED",
+            (false, Some(_)) => "DELETED",
+            (false, None) => return None,
+        };
+        if selected {
+            self.0.insert(id, digest);
+        } else {
+            self.0.remove(&id);
+        }
+        Some(ty)
+    }
 }
 
 /// One object as `credential` is served it now, in `enc`, if it is served from the node's

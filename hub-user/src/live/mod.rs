@@ -10,6 +10,8 @@
 //!   every write applied (`state`). The cache serves `state` in place of the cloud's copy
 //!   (GET, LIST, watch and watch-list; open watches get a MODIFIED event) without ever
 //!   storing it over that copy: the cache keeps the cloud's objects.
+//! * `endpoints`: the EndpointSlices and Endpoints clients are served follow the pods as
+//!   the node knows them now, as the cloud's controllers would write them.
 //! * The entry rides on one outbox row: when the cloud is back, one write per object
 //!   carries everything the node wrote (`Entry::net_write`), so the cloud never passes
 //!   through a stale state and gets at most one write per object.
@@ -23,6 +25,7 @@
 //! one bookmarks no further than that. Resuming from there, the cloud sends the object
 //! again (or answers 410 and the client lists): every client converges on the cloud's
 //! objects and keeps nothing the hub made (docs/offline.md).
+pub mod endpoints;
 pub mod patch;
 pub mod smp;
 pub mod state;

@@ -1,0 +1,483 @@
+//! Services that follow their pods while the cloud is unreachable: the EndpointSlices
+//! (discovery.k8s.io/v1) and Endpoints (v1) the node's clients are served are adjusted, at
+//! serve time, as the cloud's endpointslice and endpoints controllers would write them from
+//! the pods as the node knows them now (their live entries): an endpoint naming a known
+//! pod gets that pod's current IPs, readiness and node; one whose pod left service
+//! (finished, no IP, or terminating where the service does not publish those) is dropped.
+//! What the node does not know is served as the cloud wrote it, objects managed by any
+//! other writer are left alone, and nothing adjusted is ever stored.
+//!
+//! An adjusted object is served with a resourceVersion below the cloud's one it came from,
+//! lower by the writes of the pods that changed it, for the reason `crate::live` gives.
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::Entry;
+
+/// The gvr of pods, EndpointSlices and Endpoints, as `RequestInfo::gvr` writes them.
+pub const PODS: &str = "/v1/pods";
+const SLICES: &str = "discovery.k8s.io/v1/endpointslices";
+const ENDPOINTS: &str = "/v1/endpoints";
+
+/// The label naming a slice's service.
+pub const SERVICE_NAME: &str = "kubernetes.io/service-name";
+const SLICE_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
+const SLICE_CONTROLLER: &str = "endpointslice-controller.k8s.io";
+const ENDPOINTS_MANAGED_BY: &str = "endpoints.kubernetes.io/managed-by";
+const ENDPOINTS_CONTROLLER: &str = "endpoint-controller";
+/// Set by the endpoints controller on what it writes (before 1.33 its only mark).
+const SKIP_MIRROR: &str = "endpointslice.kubernetes.io/skip-mirror";
+
+/// The kinds of object this module adjusts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Slice,
+    Endpoints,
+}
+
+impl Kind {
+    pub fn of(gvr: &str) -> Option<Kind> {
+        match gvr {
+            SLICES => Some(Kind::Slice),
+            ENDPOINTS => Some(Kind::Endpoints),
+            _ => None,
+        }
+    }
+}
+
+/// A pod as the node knows it now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodNow {
+    uid: String,
+    ips: Vec<String>,
+    ready: bool,
+    terminating: bool,
+    finished: bool,
+    node_name: Option<String>,
+    /// The writes the node made to it: what an adjustment it causes lowers the
+    /// resourceVersion by.
+    writes: u64,
+}
+
+impl PodNow {
+    fn of(pod: &Value, writes: u64) -> PodNow {
+        let status = &pod["status"];
+        let mut ips: Vec<String> = status["podIPs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["ip"].as_str())
+            .map(str::to_string)
+            .collect();
+        if ips.is_empty()
+            && let Some(ip) = status["podIP"].as_str().filter(|ip| !ip.is_empty())
+        {
+            ips.push(ip.to_string());
+        }
+        let ready = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        PodNow {
+            uid: text(&pod["metadata"]["uid"]).to_string(),
+            ips,
+            ready,
+            terminating: !pod["metadata"]["deletionTimestamp"].is_null(),
+            finished: matches!(text(&status["phase"]), "Succeeded" | "Failed"),
+            node_name: pod["spec"]["nodeName"]
+                .as_str()
+                .filter(|n| !n.is_empty())
+                .map(str::to_string),
+            writes,
+        }
+    }
+
+    /// Whether a controller keeps it among a service's endpoints: the endpointslice
+    /// controller keeps terminating pods (marked so), the endpoints controller only where
+    /// the service publishes pods that are not ready.
+    fn in_service(&self, keep_terminating: bool) -> bool {
+        !self.finished && !self.ips.is_empty() && (keep_terminating || !self.terminating)
+    }
+
+    fn ips_like(&self, ipv6: bool) -> Vec<String> {
+        self.ips
+            .iter()
+            .filter(|ip| ip.contains(':') == ipv6)
+            .cloned()
+            .collect()
+    }
+}
+
+fn text(v: &Value) -> &str {
+    v.as_str().unwrap_or_default()
+}
+
+/// The pods the node wrote while offline, by (namespace, name).
+#[derive(Debug, Default)]
+pub struct Pods(HashMap<(String, String), PodNow>);
+
+impl Pods {
+    pub fn from_entries<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Pods {
+        Pods(
+            entries
+                .into_iter()
+                .filter(|e| e.gvr == PODS)
+                .map(|e| {
+                    (
+                        (e.namespace.clone(), e.name.clone()),
+                        PodNow::of(&e.state, e.writes),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether any pod of `namespace` is known.
+    fn any_in(&self, namespace: &str) -> bool {
+        self.0.keys().any(|(ns, _)| ns == namespace)
+    }
+
+    /// Whether `body` (an object of `namespace`, in either encoding) may name one of the
+    /// pods: the cheap test that spares reading whole the objects that cannot.
+    pub fn named_in(&self, namespace: &str, body: &[u8]) -> bool {
+        self.0.keys().any(|(ns, name)| {
+            ns == namespace && memchr::memmem::find(body, name.as_bytes()).is_some()
+        })
+    }
+
+    /// The pod an endpoint's `targetRef` names, if the node knows it as that pod (a pod of
+    /// the same name made anew is another pod).
+    fn target(&self, target_ref: &Value, namespace: &str) -> Option<&PodNow> {
+        if target_ref["kind"] != "Pod" {
+            return None;
+        }
+        let ns = target_ref["namespace"].as_str().unwrap_or(namespace);
+        let pod = self
+            .0
+            .get(&(ns.to_string(), text(&target_ref["name"]).to_string()))?;
+        let uid = text(&target_ref["uid"]);
+        (uid.is_empty() || pod.uid.is_empty() || uid == pod.uid).then_some(pod)
+    }
+}
+
+/// `obj` (an EndpointSlice or Endpoints as the cloud wrote it) as its controller would
+/// write it from `pods`; None when nothing changes or a controller does not manage it.
+/// `publish_not_ready` is the service's `publishNotReadyAddresses` when the node knows the
+/// service.
+pub fn adjust(
+    kind: Kind,
+    obj: &Value,
+    pods: &Pods,
+    publish_not_ready: Option<bool>,
+) -> Option<Value> {
+    let namespace = text(&obj["metadata"]["namespace"]);
+    if pods.is_empty() || !pods.any_in(namespace) {
+        return None;
+    }
+    let labels = &obj["metadata"]["labels"];
+    let (adjusted, lowered) = match kind {
+        Kind::Slice => {
+            if labels[SLICE_MANAGED_BY] != SLICE_CONTROLLER {
+                return None;
+            }
+            adjust_slice(obj, namespace, pods, publish_not_ready)?
+        }
+        Kind::Endpoints => {
+            if labels[ENDPOINTS_MANAGED_BY] != ENDPOINTS_CONTROLLER && labels[SKIP_MIRROR] != "true"
+            {
+                return None;
+            }
+            adjust_endpoints(obj, namespace, pods, publish_not_ready)?
+        }
+    };
+    let mut out = adjusted;
+    let rv: u64 = text(&obj["metadata"]["resourceVersion"]).parse().ok()?;
+    out["metadata"]["resourceVersion"] = rv.saturating_sub(lowered).max(1).to_string().into();
+    Some(out)
+}
+
+/// The slice's endpoints as the endpointslice controller writes them now, and the writes
+/// of the pods that changed it (None: unchanged).
+fn adjust_slice(
+    slice: &Value,
+    namespace: &str,
+    pods: &Pods,
+    publish_not_ready: Option<bool>,
+) -> Option<(Value, u64)> {
+    let ipv6 = match text(&slice["addressType"]) {
+        "IPv4" => false,
+        "IPv6" => true,
+        _ => return None,
+    };
+    let endpoints = slice["endpoints"].as_array()?;
+    // Unknown service: the controller made ready = publishNotReady || pod ready, so a ready
+    // endpoint of a pod that is not serving says the service publishes those.
+    let publish = publish_not_ready.unwrap_or_else(|| {
+        endpoints
+            .iter()
+            .any(|e| e["conditions"]["ready"] == true && e["conditions"]["serving"] == false)
+    });
+    let mut lowered = 0;
+    let mut kept = Vec::with_capacity(endpoints.len());
+    for ep in endpoints {
+        let Some(pod) = pods.target(&ep["targetRef"], namespace) else {
+            kept.push(ep.clone());
+            continue;
+        };
+        let addresses = pod.ips_like(ipv6);
+        if !pod.in_service(true) || addresses.is_empty() {
+            lowered += pod.writes;
+            continue;
+        }
+        let mut now = ep.clone();
+        now["addresses"] = addresses.into();
+        now["conditions"] = serde_json::json!({
+            "ready": publish || (pod.ready && !pod.terminating),
+            "serving": pod.ready,
+            "terminating": pod.terminating,
+        });
+        if let Some(node) = &pod.node_name {
+            now["nodeName"] = node.as_str().into();
+        }
+        if &now != ep {
+            lowered += pod.writes;
+        }
+        kept.push(now);
+    }
+    if lowered == 0 {
+        return None;
+    }
+    let mut out = slice.clone();
+    out["endpoints"] = kept.into();
+    Some((out, lowered))
+}
+
+/// The Endpoints' subsets as the endpoints controller writes them now: a pod's address in
+/// `addresses` when it is ready (or the service publishes what is not), else in
+/// `notReadyAddresses`; and the writes of the pods that changed it (None: unchanged).
+fn adjust_endpoints(
+    obj: &Value,
+    namespace: &str,
+    pods: &Pods,
+    publish_not_ready: Option<bool>,
+) -> Option<(Value, u64)> {
+    let subsets = obj["subsets"].as_array()?;
+    let publish = publish_not_ready.unwrap_or(false);
+    let mut lowered = 0;
+    let mut out_subsets = Vec::with_capacity(subsets.len());
+    for subset in subsets {
+        let mut ready = Vec::new();
+        let mut not_ready = Vec::new();
+        for (was_ready, list) in [(true, "addresses"), (false, "notReadyAddresses")] {
+            for addr in subset[list].as_array().into_iter().flatten() {
+                let Some(pod) = pods.target(&addr["targetRef"], namespace) else {
+                    if was_ready {
+                        ready.push(addr.clone());
+                    } else {
+                        not_ready.push(addr.clone());
+                    }
+                    continue;
+                };
+                let ip = pod
+                    .ips_like(text(&addr["ip"]).contains(':'))
+                    .into_iter()
+                    .next();
+                let Some(ip) = ip.filter(|_| pod.in_service(publish)) else {
+                    lowered += pod.writes;
+                    continue;
+                };
+                let mut now = addr.clone();
+                now["ip"] = ip.into();
+                if let Some(node) = &pod.node_name {
+                    now["nodeName"] = node.as_str().into();
+                }
+                let is_ready = publish || pod.ready;
+                if &now != addr || is_ready != was_ready {
+                    lowered += pod.writes;
+                }
+                if is_ready {
+                    ready.push(now);
+                } else {
+                    not_ready.push(now);
+                }
+            }
+        }
+        if ready.is_empty() && not_ready.is_empty() {
+            continue;
+        }
+        let mut s = subset.clone();
+        let map = s.as_object_mut()?;
+        for (list, addrs) in [("addresses", ready), ("notReadyAddresses", not_ready)] {
+            if addrs.is_empty() {
+                map.remove(list);
+            } else {
+                map.insert(list.into(), addrs.into());
+            }
+        }
+        out_subsets.push(s);
+    }
+    if lowered == 0 {
+        return None;
+    }
+    let mut out = obj.clone();
+    if out_subsets.is_empty() {
+        out.as_object_mut()?.remove("subsets");
+    } else {
+        out["subsets"] = out_subsets.into();
+    }
+    Some((out, lowered))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(name: &str, ip: &str, ready: bool, writes: u64) -> ((String, String), PodNow) {
+        let v = json!({"metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}")},
+            "spec": {"nodeName": "edge-1"},
+            "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}});
+        (("shop".into(), name.into()), PodNow::of(&v, writes))
+    }
+
+    fn endpoint(name: &str, ip: &str) -> Value {
+        json!({"addresses": [ip], "conditions": {"ready": true, "serving": true, "terminating": false},
+            "targetRef": {"kind": "Pod", "namespace": "shop", "name": name, "uid": format!("uid-{name}")},
+            "nodeName": "edge-1"})
+    }
+
+    fn slice(endpoints: Vec<Value>) -> Value {
+        json!({"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+            "metadata": {"name": "web-x1", "namespace": "shop", "resourceVersion": "500",
+                "labels": {"kubernetes.io/service-name": "web", SLICE_MANAGED_BY: SLICE_CONTROLLER}},
+            "addressType": "IPv4", "endpoints": endpoints,
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
+    }
+
+    #[test]
+    fn a_slice_gets_its_pods_new_ips_and_readiness_and_loses_pods_out_of_service() {
+        let mut finished = pod("c", "10.244.0.9", false, 1);
+        finished.1.finished = true;
+        let pods = Pods(
+            [
+                pod("a", "10.244.0.7", true, 3),
+                pod("b", "10.244.0.8", false, 2),
+                finished,
+            ]
+            .into_iter()
+            .collect(),
+        );
+        let cloud = slice(vec![
+            endpoint("a", "10.244.0.2"),
+            endpoint("b", "10.244.0.3"),
+            endpoint("c", "10.244.0.4"),
+            endpoint("elsewhere", "10.244.1.5"),
+        ]);
+        let got = adjust(Kind::Slice, &cloud, &pods, None).expect("adjusted");
+        let eps = got["endpoints"].as_array().unwrap();
+        assert_eq!(eps.len(), 3, "the finished pod is dropped: {eps:?}");
+        assert_eq!(eps[0]["addresses"], json!(["10.244.0.7"]));
+        assert_eq!(eps[1]["addresses"], json!(["10.244.0.8"]));
+        assert_eq!(
+            eps[1]["conditions"],
+            json!({"ready": false, "serving": false, "terminating": false})
+        );
+        assert_eq!(
+            eps[2],
+            endpoint("elsewhere", "10.244.1.5"),
+            "unknown pods as cached"
+        );
+        assert_eq!(
+            got["metadata"]["resourceVersion"], "494",
+            "500 - (3 + 2 + 1)"
+        );
+        assert_eq!(got["ports"], cloud["ports"]);
+    }
+
+    #[test]
+    fn only_what_the_controllers_manage_and_what_changes_is_adjusted() {
+        let pods = Pods([pod("a", "10.244.0.7", true, 1)].into_iter().collect());
+        let same = slice(vec![endpoint("a", "10.244.0.7")]);
+        assert_eq!(
+            adjust(Kind::Slice, &same, &pods, None),
+            None,
+            "nothing changes"
+        );
+        let mut mirrored = slice(vec![endpoint("a", "10.244.0.2")]);
+        mirrored["metadata"]["labels"][SLICE_MANAGED_BY] = "someone-else".into();
+        assert_eq!(adjust(Kind::Slice, &mirrored, &pods, None), None);
+        let mut v6 = slice(vec![endpoint("a", "fd00::2")]);
+        v6["addressType"] = "IPv6".into();
+        let got = adjust(Kind::Slice, &v6, &pods, None).expect("adjusted");
+        assert_eq!(
+            got["endpoints"],
+            json!([]),
+            "the pod has no IPv6 address now"
+        );
+        let mut recreated = endpoint("a", "10.244.0.2");
+        recreated["targetRef"]["uid"] = "uid-of-an-older-a".into();
+        assert_eq!(
+            adjust(Kind::Slice, &slice(vec![recreated]), &pods, None),
+            None
+        );
+    }
+
+    #[test]
+    fn terminating_pods_stay_serving_but_not_ready_unless_the_service_publishes_them() {
+        let (k, mut p) = pod("a", "10.244.0.7", true, 1);
+        p.terminating = true;
+        let pods = Pods([(k, p)].into_iter().collect());
+        let cloud = slice(vec![endpoint("a", "10.244.0.7")]);
+        let got = adjust(Kind::Slice, &cloud, &pods, Some(false)).expect("adjusted");
+        assert_eq!(
+            got["endpoints"][0]["conditions"],
+            json!({"ready": false, "serving": true, "terminating": true})
+        );
+        let got = adjust(Kind::Slice, &cloud, &pods, Some(true)).expect("adjusted");
+        assert_eq!(
+            got["endpoints"][0]["conditions"],
+            json!({"ready": true, "serving": true, "terminating": true})
+        );
+    }
+
+    #[test]
+    fn endpoints_move_addresses_between_ready_and_not_ready() {
+        let pods = Pods(
+            [
+                pod("a", "10.244.0.7", false, 1),
+                pod("b", "10.244.0.8", true, 1),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        let addr = |name: &str, ip: &str| {
+            json!({"ip": ip, "nodeName": "edge-1",
+                "targetRef": {"kind": "Pod", "namespace": "shop", "name": name, "uid": format!("uid-{name}")}})
+        };
+        let cloud = json!({"kind": "Endpoints", "apiVersion": "v1",
+            "metadata": {"name": "web", "namespace": "shop", "resourceVersion": "90",
+                "labels": {ENDPOINTS_MANAGED_BY: ENDPOINTS_CONTROLLER}},
+            "subsets": [{"addresses": [addr("a", "10.244.0.2"), addr("z", "10.244.1.1")],
+                "notReadyAddresses": [addr("b", "10.244.0.3")],
+                "ports": [{"port": 8080, "protocol": "TCP"}]}]});
+        let got = adjust(Kind::Endpoints, &cloud, &pods, None).expect("adjusted");
+        assert_eq!(
+            got["subsets"],
+            json!([{"addresses": [addr("z", "10.244.1.1"), addr("b", "10.244.0.8")],
+                "notReadyAddresses": [addr("a", "10.244.0.7")],
+                "ports": [{"port": 8080, "protocol": "TCP"}]}])
+        );
+        assert_eq!(got["metadata"]["resourceVersion"], "88");
+        let mut user_made = cloud.clone();
+        user_made["metadata"]["labels"] = json!({});
+        assert_eq!(adjust(Kind::Endpoints, &user_made, &pods, None), None);
+    }
+}

@@ -1,0 +1,407 @@
+//! Services follow their pods while the cloud is unreachable: after an offline restart
+//! the kubelet writes its pods' new IPs and readiness (two-way strategic merge patches, as
+//! the real kubelet writes them: `fixtures/wire/kube-apiserver-1.36/patch-pod-status-strategic`),
+//! and the EndpointSlices and Endpoints the hub serves to a kube-proxy-shaped client
+//! (protobuf, streamed list, its label selector) and a CoreDNS-shaped one (JSON, list then
+//! watch) name the pods as they are now — on their open watches too — while a slice some
+//! other controller manages is served as the cloud wrote it. When the cloud is back, both
+//! converge on the cloud's objects and keep nothing the hub made.
+use std::time::Duration;
+
+use hub_tests::{
+    apiserver::{ADMIN_TOKEN, auth::Rule, client::Client, seed},
+    hub::LOOPBACK_NODE,
+    informer::{Informer, Mode},
+    scenario::Setup,
+    wait_for,
+};
+use k8s_pb::api::discovery::v1::EndpointSlice;
+use prost::Message;
+use serde_json::{Value, json};
+
+const NODE: &str = LOOPBACK_NODE;
+const NS: &str = "shop";
+const KUBELET: &str = "kubelet/v1.36.3 (linux/amd64) kubernetes/7b29fb0";
+const KUBE_PROXY: &str = "kube-proxy/v1.36.3 (linux/amd64) kubernetes/7b29fb0";
+const COREDNS: &str = "coredns/v1.12.1 (linux/amd64)";
+const PROXY_TOKEN: &str = "kube-proxy-token";
+const DNS_TOKEN: &str = "coredns-token";
+/// kube-proxy's selector on services and EndpointSlices.
+const PROXY_SELECTOR: &str = "labelSelector=%21service.kubernetes.io%2Fheadless%2C%21service.kubernetes.io%2Fservice-proxy-name";
+const SLICE: &str = "shop/web-7xk2p";
+const MIRRORED: &str = "shop/web-mirrored";
+const PROTOBUF: &str = "application/vnd.kubernetes.protobuf,application/json";
+
+/// Pod `web-<i>`'s address before the restart and after it (documentation addresses:
+/// these are data in objects, never dialled).
+fn old_ip(i: usize) -> String {
+    format!("192.0.2.{}", 10 + i)
+}
+fn new_ip(i: usize) -> String {
+    format!("198.51.100.{}", 20 + i)
+}
+
+fn pod_uid(i: usize) -> String {
+    format!("seed-pods-{NS}-web-{i}")
+}
+
+fn seed_cloud(s: &Setup) {
+    let store = &s.cloud.state.store;
+    seed::base(store);
+    seed::namespace(store, NS);
+    seed::node(store, NODE);
+    for i in 0..3 {
+        let ip = old_ip(i);
+        seed::put(
+            store,
+            "pods",
+            "",
+            NS,
+            json!({"metadata": {"name": format!("web-{i}"), "labels": {"app": "web"}},
+                "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "registry.local/web:1"}]},
+                "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                    "conditions": [{"type": "Ready", "status": "True"}]}}),
+        );
+    }
+    seed::put(
+        store,
+        "services",
+        "",
+        NS,
+        json!({"metadata": {"name": "web"},
+            "spec": {"type": "ClusterIP", "selector": {"app": "web"},
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}}),
+    );
+    let endpoint = |i: usize| {
+        json!({"addresses": [old_ip(i)], "conditions": {"ready": true, "serving": true, "terminating": false},
+            "nodeName": NODE,
+            "targetRef": {"kind": "Pod", "namespace": NS, "name": format!("web-{i}"), "uid": pod_uid(i)}})
+    };
+    // As the cloud's endpointslice controller writes it.
+    seed::put(
+        store,
+        "endpointslices",
+        "discovery.k8s.io",
+        NS,
+        json!({"metadata": {"name": "web-7xk2p", "generateName": "web-",
+                "labels": {"kubernetes.io/service-name": "web",
+                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+            "addressType": "IPv4", "endpoints": [endpoint(0), endpoint(1), endpoint(2)],
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}),
+    );
+    // Managed by another controller: never adjusted.
+    seed::put(
+        store,
+        "endpointslices",
+        "discovery.k8s.io",
+        NS,
+        json!({"metadata": {"name": "web-mirrored",
+                "labels": {"kubernetes.io/service-name": "web-legacy",
+                    "endpointslice.kubernetes.io/managed-by": "endpointslicemirroring-controller.k8s.io"}},
+            "addressType": "IPv4", "endpoints": [endpoint(0)],
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}),
+    );
+    let address = |i: usize| {
+        json!({"ip": old_ip(i), "nodeName": NODE,
+            "targetRef": {"kind": "Pod", "namespace": NS, "name": format!("web-{i}"), "uid": pod_uid(i)}})
+    };
+    seed::put(
+        store,
+        "endpoints",
+        "",
+        NS,
+        json!({"metadata": {"name": "web", "labels": {"endpoints.kubernetes.io/managed-by": "endpoint-controller"}},
+            "subsets": [{"addresses": [address(0), address(1), address(2)],
+                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}]}),
+    );
+    let mut auth = s.cloud.state.auth.write().unwrap();
+    for (token, user) in [
+        (PROXY_TOKEN, "system:serviceaccount:kube-system:kube-proxy"),
+        (DNS_TOKEN, "system:serviceaccount:kube-system:coredns"),
+    ] {
+        auth.add_token(token, user, &["system:serviceaccounts"]);
+        auth.allow(Rule::new(
+            user,
+            &["get", "list", "watch"],
+            &["services", "endpoints", "endpointslices"],
+            &["*"],
+        ));
+    }
+}
+
+/// The kubelet's recorded status patch, made for pod `i`: its uid, readiness, phase and
+/// (after a restart) its new address, as the kubelet's two-way patch says an IP change:
+/// the new one in order, the old one deleted.
+fn status_patch(i: usize, ready: &str, phase: &str) -> Vec<u8> {
+    let recorded = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/wire/kube-apiserver-1.36/patch-pod-status-strategic/request.body"
+    ))
+    .unwrap();
+    let mut p: Value = serde_json::from_slice(&recorded).unwrap();
+    p["metadata"]["uid"] = pod_uid(i).into();
+    p["status"]["conditions"][0]["status"] = ready.into();
+    p["status"]["phase"] = phase.into();
+    let ip = new_ip(i);
+    p["status"]["$setElementOrder/podIPs"] = json!([{"ip": ip}]);
+    p["status"]["podIP"] = ip.clone().into();
+    p["status"]["podIPs"] = json!([{"ip": ip}, {"$patch": "delete", "ip": old_ip(i)}]);
+    serde_json::to_vec(&p).unwrap()
+}
+
+/// A slice's endpoints as (pod, addresses, ready, serving), read with full decoders
+/// (k8s-pb for protobuf, serde_json for JSON).
+fn endpoints_of(informer: &Informer, key: &str) -> Vec<(String, Vec<String>, bool, bool)> {
+    let Some(raw) = informer.bodies.get(key) else {
+        return Vec::new();
+    };
+    if raw.first() == Some(&b'{') {
+        let v: Value = serde_json::from_slice(raw).unwrap();
+        return v["endpoints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                (
+                    e["targetRef"]["name"].as_str().unwrap_or_default().into(),
+                    e["addresses"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|a| a.as_str().unwrap().to_string())
+                        .collect(),
+                    e["conditions"]["ready"] == true,
+                    e["conditions"]["serving"] == true,
+                )
+            })
+            .collect();
+    }
+    let slice = EndpointSlice::decode(raw.as_slice()).unwrap();
+    slice
+        .endpoints
+        .iter()
+        .map(|e| {
+            let c = e.conditions.unwrap_or_default();
+            (
+                e.target_ref
+                    .clone()
+                    .unwrap_or_default()
+                    .name
+                    .unwrap_or_default(),
+                e.addresses.clone(),
+                c.ready == Some(true),
+                c.serving == Some(true),
+            )
+        })
+        .collect()
+}
+
+fn slice_rv(informer: &Informer, key: &str) -> u64 {
+    informer.objects.get(key).copied().unwrap_or(0)
+}
+
+#[test]
+fn offline_slices_and_endpoints_follow_the_pods_the_kubelet_writes_then_hand_back_to_the_cloud() {
+    let s = Setup::new(&["kubelet", "kube-proxy", "coredns"]);
+    seed_cloud(&s);
+    let hub = s.start_hub();
+    let kubelet = s.kubelet();
+    let proxy_client = Client::new(s.hub_addr(), s.ca.cert_der(), Some(PROXY_TOKEN), None);
+    let dns_client = Client::new(s.hub_addr(), s.ca.cert_der(), Some(DNS_TOKEN), None);
+    let slices = "/apis/discovery.k8s.io/v1/endpointslices";
+    let mut proxy = Informer::new(
+        &proxy_client,
+        KUBE_PROXY,
+        true,
+        slices,
+        PROXY_SELECTOR,
+        Mode::WatchList,
+    );
+    let mut dns = Informer::new(&dns_client, COREDNS, false, slices, "", Mode::ListThenWatch);
+    proxy.sync().unwrap();
+    dns.sync().unwrap();
+    let cloud_slice_rv = slice_rv(&proxy, SLICE);
+    assert_eq!(proxy.names(), [SLICE, MIRRORED]);
+    // The kubelet's pods, in protobuf as it lists them; CoreDNS's Endpoints in JSON.
+    let pods = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
+    let listed = kubelet
+        .request(
+            "GET",
+            &pods,
+            &[("User-Agent", KUBELET), ("Accept", PROTOBUF)],
+            &[],
+        )
+        .unwrap();
+    assert_eq!(listed.status, 200);
+    let dns_json = [("User-Agent", COREDNS), ("Accept", "application/json")];
+    let endpoints_path = format!("/api/v1/namespaces/{NS}/endpoints");
+    assert_eq!(
+        dns_client
+            .request("GET", &endpoints_path, &dns_json, &[])
+            .unwrap()
+            .status,
+        200
+    );
+    wait_for("the reads stored", Duration::from_secs(20), || {
+        (hub.status()["cache"]["pending"] == 0).then_some(())
+    });
+
+    s.cloud_down(&hub);
+    // The informers' cloud watches end; they go on against the hub.
+    proxy.pump(Duration::from_secs(2)).unwrap();
+    dns.pump(Duration::from_secs(2)).unwrap();
+    let old = |i: usize| vec![old_ip(i)];
+    assert_eq!(
+        endpoints_of(&proxy, SLICE),
+        [
+            ("web-0".into(), old(0), true, true),
+            ("web-1".into(), old(1), true, true),
+            ("web-2".into(), old(2), true, true)
+        ],
+        "nothing written yet: the slice as the cloud wrote it"
+    );
+
+    // The node restarted offline: its pods run again on new addresses. web-0 is Ready,
+    // web-1 not yet, web-2 failed.
+    for (i, ready, phase) in [
+        (0, "True", "Running"),
+        (1, "False", "Running"),
+        (2, "False", "Failed"),
+    ] {
+        let r = kubelet
+            .request(
+                "PATCH",
+                &format!("/api/v1/namespaces/{NS}/pods/web-{i}/status"),
+                &[
+                    ("User-Agent", KUBELET),
+                    ("Accept", PROTOBUF),
+                    ("Content-Type", "application/strategic-merge-patch+json"),
+                ],
+                &status_patch(i, ready, phase),
+            )
+            .unwrap();
+        assert_eq!(
+            r.status,
+            200,
+            "web-{i}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    let now = vec![
+        ("web-0".to_string(), vec![new_ip(0)], true, true),
+        ("web-1".to_string(), vec![new_ip(1)], false, false),
+    ];
+    // Both open watches get the slice as the pods are now.
+    for (name, informer) in [("kube-proxy", &mut proxy), ("coredns", &mut dns)] {
+        wait_for(
+            &format!("{name}'s watch to get the slice naming the new addresses"),
+            Duration::from_secs(20),
+            || {
+                informer.pump(Duration::from_millis(300)).unwrap();
+                eprintln!(
+                    "DBG {:?} {:?}",
+                    endpoints_of(informer, SLICE),
+                    informer.calls
+                );
+                (endpoints_of(informer, SLICE) == now).then_some(())
+            },
+        );
+        assert!(
+            slice_rv(informer, SLICE) < cloud_slice_rv,
+            "served below the cloud's version"
+        );
+        assert_eq!(
+            endpoints_of(informer, MIRRORED),
+            [("web-0".into(), old(0), true, true)],
+            "another controller's slice is left as it is"
+        );
+    }
+    // A fresh list in either encoding, and the Endpoints, say the same.
+    let mut relisted = Informer::new(
+        &proxy_client,
+        KUBE_PROXY,
+        true,
+        slices,
+        PROXY_SELECTOR,
+        Mode::ListThenWatch,
+    );
+    relisted.sync().unwrap();
+    assert_eq!(endpoints_of(&relisted, SLICE), now);
+    let ep = dns_client
+        .request("GET", &format!("{endpoints_path}/web"), &dns_json, &[])
+        .unwrap()
+        .json();
+    let ips = |list: &str| -> Vec<String> {
+        ep["subsets"][0][list]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| a["ip"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        (ips("addresses"), ips("notReadyAddresses")),
+        (vec![new_ip(0)], vec![new_ip(1)]),
+        "{ep}"
+    );
+    // Nothing adjusted was stored: the cache keeps the cloud's objects.
+    let cached: Vec<Value> = s.cache_ls("kube-proxy");
+    let held = cached
+        .iter()
+        .find(|o| o["key"].as_str().is_some_and(|k| k.ends_with("/web-7xk2p")))
+        .expect("the slice is cached");
+    assert_eq!(held["resource_version"], cloud_slice_rv, "{held}");
+
+    // The cloud is back, its controller not yet caught up: the clients converge on the
+    // cloud's slice (old addresses) and keep nothing the hub made ...
+    s.cloud.start_listening().unwrap();
+    let cloud_endpoints = vec![
+        ("web-0".to_string(), old(0), true, true),
+        ("web-1".to_string(), old(1), true, true),
+        ("web-2".to_string(), old(2), true, true),
+    ];
+    for (name, informer) in [("kube-proxy", &mut proxy), ("coredns", &mut dns)] {
+        wait_for(
+            &format!("{name} to hold the cloud's slice again"),
+            Duration::from_secs(60),
+            || {
+                if informer.pump(Duration::from_millis(300)).is_err() {
+                    informer.sync().ok()?;
+                }
+                (slice_rv(informer, SLICE) == cloud_slice_rv
+                    && endpoints_of(informer, SLICE) == cloud_endpoints)
+                    .then_some(())
+            },
+        );
+    }
+    // ... and then the cloud's own update reaches them as it would without the hub.
+    let admin = Client::new(s.cloud.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
+    let path = format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices/web-7xk2p");
+    let mut cloud = admin.get(&path).json();
+    cloud["endpoints"] = json!([{"addresses": [new_ip(0)],
+        "conditions": {"ready": true, "serving": true, "terminating": false}, "nodeName": NODE,
+        "targetRef": {"kind": "Pod", "namespace": NS, "name": "web-0", "uid": pod_uid(0)}}]);
+    let put = admin.send_json("PUT", &path, &cloud);
+    assert_eq!(put.status, 200, "{}", String::from_utf8_lossy(&put.body));
+    let updated_rv: u64 = put.json()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    for (name, informer) in [("kube-proxy", &mut proxy), ("coredns", &mut dns)] {
+        wait_for(
+            &format!("{name} to get the cloud's update"),
+            Duration::from_secs(60),
+            || {
+                if informer.pump(Duration::from_millis(300)).is_err() {
+                    informer.sync().ok()?;
+                }
+                (slice_rv(informer, SLICE) == updated_rv).then_some(())
+            },
+        );
+        assert_eq!(
+            endpoints_of(informer, SLICE),
+            [("web-0".into(), vec![new_ip(0)], true, true)]
+        );
+    }
+}
