@@ -270,6 +270,15 @@ impl HubProc {
         serde_json::from_str(&text).expect("status json")
     }
 
+    /// Waits until every answer the hub read from the cloud is in its cache.
+    pub fn wait_stored(&self) {
+        crate::wait_for(
+            "the cache to store what was read",
+            Duration::from_secs(20),
+            || (self.status()["cache"]["pending"] == 0).then_some(()),
+        );
+    }
+
     /// `hub bpf status --output json` for this hub's pins.
     pub fn bpf_status(&self) -> Value {
         let mut c = Command::new(hub_bin());

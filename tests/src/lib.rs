@@ -17,6 +17,7 @@ pub mod ports;
 pub mod privileged;
 pub mod probe;
 pub mod process;
+pub mod recorded;
 pub mod scenario;
 
 use std::{

@@ -9,7 +9,7 @@ use crate::{
     TempDir,
     apiserver::{
         Credentials, Options, StandIn,
-        client::Client,
+        client::{Client, Reply},
         tls::{HubPki, TestCa},
         write_kubeconfig,
     },
@@ -104,6 +104,29 @@ impl Setup {
             None,
             Some(&self.pki.kubelet),
         )
+    }
+
+    /// The kubelet (`user_agent`) lists its node's pods in protobuf, as it does: what the
+    /// cache then holds for it.
+    pub fn kubelet_lists_its_pods(&self, kubelet: &Client, user_agent: &str) -> Reply {
+        let pods = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{LOOPBACK_NODE}");
+        let accept = "application/vnd.kubernetes.protobuf,application/json";
+        let listed = kubelet
+            .request(
+                "GET",
+                &pods,
+                &[("User-Agent", user_agent), ("Accept", accept)],
+                &[],
+            )
+            .unwrap();
+        assert_eq!(
+            listed.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&listed.body)
+        );
+        assert!(listed.header("content-type").unwrap().contains("protobuf"));
+        listed
     }
 
     /// `hub cache ls` through the real CLI (its inspection socket while the hub runs, the file when

@@ -9,6 +9,7 @@ use std::time::Duration;
 use hub_tests::{
     apiserver::{ADMIN_TOKEN, client::Client, seed},
     hub::LOOPBACK_NODE,
+    recorded,
     scenario::Setup,
     wait_for,
 };
@@ -21,17 +22,7 @@ const PODS: usize = 3;
 
 /// The kubelet's recorded status patch, made for one pod: its uid, Ready and phase.
 fn status_patch(uid: &str, ready: &str, phase: &str) -> Vec<u8> {
-    let recorded = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/fixtures/wire/kube-apiserver-1.36/patch-pod-status-strategic/request.body"
-    ))
-    .unwrap();
-    let mut p: Value = serde_json::from_slice(&recorded).unwrap();
-    assert!(p["status"]["$setElementOrder/conditions"].is_array(), "{p}");
-    p["metadata"]["uid"] = uid.into();
-    p["status"]["conditions"][0]["status"] = ready.into();
-    p["status"]["phase"] = phase.into();
-    serde_json::to_vec(&p).unwrap()
+    serde_json::to_vec(&recorded::kubelet_pod_status_patch(uid, ready, phase)).unwrap()
 }
 
 fn ready_of(pod: &Value) -> String {
@@ -83,19 +74,8 @@ fn the_kubelet_reads_back_its_offline_status_writes_and_the_cloud_gets_one_write
     let kubelet = s.kubelet();
     let pods = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
     // The kubelet lists its pods in protobuf: that is what the cache holds.
-    let listed = kubelet
-        .request(
-            "GET",
-            &pods,
-            &[("User-Agent", KUBELET), ("Accept", PROTOBUF)],
-            &[],
-        )
-        .unwrap();
-    assert_eq!(listed.status, 200);
-    assert!(listed.header("content-type").unwrap().contains("protobuf"));
-    wait_for("the pods stored", Duration::from_secs(20), || {
-        (hub.status()["cache"]["pending"] == 0).then_some(())
-    });
+    s.kubelet_lists_its_pods(&kubelet, KUBELET);
+    hub.wait_stored();
 
     s.cloud_down(&hub);
     let json_headers = [("User-Agent", KUBELET), ("Accept", "application/json")];

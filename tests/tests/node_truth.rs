@@ -89,9 +89,7 @@ fn what_the_node_wrote_it_reads_back_offline() {
         Some(&status),
     );
     assert_eq!(code, 200, "{patched}");
-    wait_for("the answers stored", Duration::from_secs(20), || {
-        (hub.status()["cache"]["pending"] == 0).then_some(())
-    });
+    hub.wait_stored();
 
     s.cloud_down(&hub);
     for path in [format!("{csinode}?resourceVersion=0"), csinode.clone()] {
@@ -197,9 +195,7 @@ fn offline_answers_warn_each_client_once_a_minute() {
     let headers = [("user-agent", KUBELET), ("accept", "application/json")];
     let pod = "/api/v1/namespaces/ns1/pods/p-0";
     assert_eq!(client.get(pod, &headers).unwrap().status, 200);
-    wait_for("the pod stored", Duration::from_secs(20), || {
-        (hub.status()["cache"]["pending"] == 0).then_some(())
-    });
+    hub.wait_stored();
     s.cloud_down(&hub);
     let mut warnings = 0;
     for i in 0..20 {
@@ -271,9 +267,7 @@ fn queued_renewals_and_node_status_never_race_the_kubelet() {
         )
         .unwrap();
     assert_eq!(read.status, 200);
-    wait_for("the node stored", Duration::from_secs(20), || {
-        (hub.status()["cache"]["pending"] == 0).then_some(())
-    });
+    hub.wait_stored();
     let puts = |s: &Setup| {
         s.cloud
             .audit()
@@ -356,11 +350,7 @@ fn queued_renewals_and_node_status_never_race_the_kubelet() {
     assert_eq!(in_cloud["spec"]["renewTime"], "2026-12-04T10:05:00.000000Z");
     // The replayed status's answer replaced the offline copy: offline again, the node
     // reads its node as the cloud now holds it.
-    wait_for(
-        "the replay's answer stored",
-        Duration::from_secs(20),
-        || (hub.status()["cache"]["pending"] == 0).then_some(()),
-    );
+    hub.wait_stored();
     s.cloud_down(&hub);
     let (code, cached) = kubelet_call(&kubelet, "GET", &format!("/api/v1/nodes/{NODE}"), None);
     assert_eq!(code, 200, "{cached}");

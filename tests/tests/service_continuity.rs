@@ -12,6 +12,7 @@ use hub_tests::{
     apiserver::{ADMIN_TOKEN, auth::Rule, client::Client, seed},
     hub::LOOPBACK_NODE,
     informer::{Informer, Mode},
+    recorded,
     scenario::Setup,
     wait_for,
 };
@@ -72,48 +73,28 @@ fn seed_cloud(s: &Setup) {
             "spec": {"type": "ClusterIP", "selector": {"app": "web"},
                 "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}}),
     );
-    let endpoint = |i: usize| {
-        json!({"addresses": [old_ip(i)], "conditions": {"ready": true, "serving": true, "terminating": false},
-            "nodeName": NODE,
-            "targetRef": {"kind": "Pod", "namespace": NS, "name": format!("web-{i}"), "uid": pod_uid(i)}})
-    };
-    // As the cloud's endpointslice controller writes it.
-    seed::put(
-        store,
-        "endpointslices",
-        "discovery.k8s.io",
-        NS,
-        json!({"metadata": {"name": "web-7xk2p", "generateName": "web-",
-                "labels": {"kubernetes.io/service-name": "web",
-                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-            "addressType": "IPv4", "endpoints": [endpoint(0), endpoint(1), endpoint(2)],
-            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}),
-    );
-    // Managed by another controller: never adjusted.
-    seed::put(
-        store,
-        "endpointslices",
-        "discovery.k8s.io",
-        NS,
-        json!({"metadata": {"name": "web-mirrored",
-                "labels": {"kubernetes.io/service-name": "web-legacy",
-                    "endpointslice.kubernetes.io/managed-by": "endpointslicemirroring-controller.k8s.io"}},
-            "addressType": "IPv4", "endpoints": [endpoint(0)],
-            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}),
-    );
-    let address = |i: usize| {
-        json!({"ip": old_ip(i), "nodeName": NODE,
-            "targetRef": {"kind": "Pod", "namespace": NS, "name": format!("web-{i}"), "uid": pod_uid(i)}})
-    };
+    let uids: Vec<String> = (0..3).map(pod_uid).collect();
+    let ips: Vec<String> = (0..3).map(old_ip).collect();
+    let names = ["web-0", "web-1", "web-2"];
+    let pods: Vec<recorded::Target> = (0..3)
+        .map(|i| (names[i], uids[i].as_str(), ips[i].as_str()))
+        .collect();
+    // As the cloud's endpointslice and endpoint controllers write them.
+    let slice = recorded::controller_endpointslice(NS, "web-7xk2p", "web", NODE, &pods);
+    seed::put(store, "endpointslices", "discovery.k8s.io", NS, slice);
     seed::put(
         store,
         "endpoints",
         "",
         NS,
-        json!({"metadata": {"name": "web", "labels": {"endpoints.kubernetes.io/managed-by": "endpoint-controller"}},
-            "subsets": [{"addresses": [address(0), address(1), address(2)],
-                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}]}),
+        recorded::controller_endpoints(NS, "web", NODE, &pods),
     );
+    // Managed by another controller (mirrored from user-made Endpoints): never adjusted.
+    let mut mirrored =
+        recorded::controller_endpointslice(NS, "web-mirrored", "web-legacy", NODE, &pods[..1]);
+    mirrored["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] =
+        "endpointslicemirroring-controller.k8s.io".into();
+    seed::put(store, "endpointslices", "discovery.k8s.io", NS, mirrored);
     let mut auth = s.cloud.state.auth.write().unwrap();
     for (token, user) in [
         (PROXY_TOKEN, "system:serviceaccount:kube-system:kube-proxy"),
@@ -133,20 +114,28 @@ fn seed_cloud(s: &Setup) {
 /// (after a restart) its new address, as the kubelet's two-way patch says an IP change:
 /// the new one in order, the old one deleted.
 fn status_patch(i: usize, ready: &str, phase: &str) -> Vec<u8> {
-    let recorded = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/fixtures/wire/kube-apiserver-1.36/patch-pod-status-strategic/request.body"
-    ))
-    .unwrap();
-    let mut p: Value = serde_json::from_slice(&recorded).unwrap();
-    p["metadata"]["uid"] = pod_uid(i).into();
-    p["status"]["conditions"][0]["status"] = ready.into();
-    p["status"]["phase"] = phase.into();
+    let mut p = recorded::kubelet_pod_status_patch(&pod_uid(i), ready, phase);
     let ip = new_ip(i);
     p["status"]["$setElementOrder/podIPs"] = json!([{"ip": ip}]);
     p["status"]["podIP"] = ip.clone().into();
     p["status"]["podIPs"] = json!([{"ip": ip}, {"$patch": "delete", "ip": old_ip(i)}]);
     serde_json::to_vec(&p).unwrap()
+}
+
+/// Waits until `informer` (kube-proxy's or CoreDNS's, against the cloud again) holds what
+/// `done` wants, resuming or relisting as a reflector does.
+fn until_converged(
+    name: &str,
+    what: &str,
+    informer: &mut Informer,
+    done: impl Fn(&Informer) -> bool,
+) {
+    wait_for(&format!("{name} {what}"), Duration::from_secs(60), || {
+        if informer.pump(Duration::from_millis(300)).is_err() {
+            informer.sync().ok()?;
+        }
+        done(informer).then_some(())
+    });
 }
 
 /// A slice's endpoints as (pod, addresses, ready, serving), read with full decoders
@@ -223,16 +212,7 @@ fn offline_slices_and_endpoints_follow_the_pods_the_kubelet_writes_then_hand_bac
     let cloud_slice_rv = slice_rv(&proxy, SLICE);
     assert_eq!(proxy.names(), [SLICE, MIRRORED]);
     // The kubelet's pods, in protobuf as it lists them; CoreDNS's Endpoints in JSON.
-    let pods = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
-    let listed = kubelet
-        .request(
-            "GET",
-            &pods,
-            &[("User-Agent", KUBELET), ("Accept", PROTOBUF)],
-            &[],
-        )
-        .unwrap();
-    assert_eq!(listed.status, 200);
+    s.kubelet_lists_its_pods(&kubelet, KUBELET);
     let dns_json = [("User-Agent", COREDNS), ("Accept", "application/json")];
     let endpoints_path = format!("/api/v1/namespaces/{NS}/endpoints");
     assert_eq!(
@@ -242,9 +222,7 @@ fn offline_slices_and_endpoints_follow_the_pods_the_kubelet_writes_then_hand_bac
             .status,
         200
     );
-    wait_for("the reads stored", Duration::from_secs(20), || {
-        (hub.status()["cache"]["pending"] == 0).then_some(())
-    });
+    hub.wait_stored();
 
     s.cloud_down(&hub);
     // The informers' cloud watches end; they go on against the hub.
@@ -361,26 +339,24 @@ fn offline_slices_and_endpoints_follow_the_pods_the_kubelet_writes_then_hand_bac
         ("web-2".to_string(), old(2), true, true),
     ];
     for (name, informer) in [("kube-proxy", &mut proxy), ("coredns", &mut dns)] {
-        wait_for(
-            &format!("{name} to hold the cloud's slice again"),
-            Duration::from_secs(60),
-            || {
-                if informer.pump(Duration::from_millis(300)).is_err() {
-                    informer.sync().ok()?;
-                }
-                (slice_rv(informer, SLICE) == cloud_slice_rv
-                    && endpoints_of(informer, SLICE) == cloud_endpoints)
-                    .then_some(())
-            },
-        );
+        until_converged(name, "to hold the cloud's slice again", informer, |i| {
+            slice_rv(i, SLICE) == cloud_slice_rv && endpoints_of(i, SLICE) == cloud_endpoints
+        });
     }
     // ... and then the cloud's own update reaches them as it would without the hub.
     let admin = Client::new(s.cloud.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
     let path = format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices/web-7xk2p");
     let mut cloud = admin.get(&path).json();
-    cloud["endpoints"] = json!([{"addresses": [new_ip(0)],
-        "conditions": {"ready": true, "serving": true, "terminating": false}, "nodeName": NODE,
-        "targetRef": {"kind": "Pod", "namespace": NS, "name": "web-0", "uid": pod_uid(0)}}]);
+    let uid = pod_uid(0);
+    let ip = new_ip(0);
+    cloud["endpoints"] = recorded::controller_endpointslice(
+        NS,
+        "web-7xk2p",
+        "web",
+        NODE,
+        &[("web-0", &uid, &ip)],
+    )["endpoints"]
+        .clone();
     let put = admin.send_json("PUT", &path, &cloud);
     assert_eq!(put.status, 200, "{}", String::from_utf8_lossy(&put.body));
     let updated_rv: u64 = put.json()["metadata"]["resourceVersion"]
@@ -389,16 +365,9 @@ fn offline_slices_and_endpoints_follow_the_pods_the_kubelet_writes_then_hand_bac
         .parse()
         .unwrap();
     for (name, informer) in [("kube-proxy", &mut proxy), ("coredns", &mut dns)] {
-        wait_for(
-            &format!("{name} to get the cloud's update"),
-            Duration::from_secs(60),
-            || {
-                if informer.pump(Duration::from_millis(300)).is_err() {
-                    informer.sync().ok()?;
-                }
-                (slice_rv(informer, SLICE) == updated_rv).then_some(())
-            },
-        );
+        until_converged(name, "to get the cloud's update", informer, |i| {
+            slice_rv(i, SLICE) == updated_rv
+        });
         assert_eq!(
             endpoints_of(informer, SLICE),
             [("web-0".into(), vec![new_ip(0)], true, true)]

@@ -5,6 +5,7 @@
 //! into a 503 Status. Every answer carries a Warning header saying where it came from.
 use std::{
     borrow::Cow,
+    collections::HashMap,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -255,6 +256,8 @@ fn following_pods(
     if pods.is_empty() {
         return Ok(floor);
     }
+    // The services' publishNotReadyAddresses, read once each.
+    let mut publish: HashMap<(String, String), Option<bool>> = HashMap::new();
     for l in objects.iter_mut().filter(|l| !l.deleted) {
         // Only what may name one of the pods is read whole.
         let ns = l.key.namespace.as_str();
@@ -270,18 +273,19 @@ fn following_pods(
         let Ok(obj) = serde_json::from_slice::<serde_json::Value>(&json.body) else {
             continue;
         };
-        let service = match kind {
-            endpoints::Kind::Slice => obj["metadata"]["labels"][endpoints::SERVICE_NAME]
-                .as_str()
-                .unwrap_or_default(),
-            endpoints::Kind::Endpoints => l.key.name.as_str(),
+        let service = (ns.to_string(), kind.service_of(&obj).to_string());
+        let publishes = match publish.get(&service) {
+            Some(p) => *p,
+            None => {
+                let p = publish_not_ready(store, credential, ns, &service.1)?;
+                publish.insert(service, p);
+                p
+            }
         };
-        let publish = publish_not_ready(store, credential, ns, service)?;
-        let Some(adjusted) = endpoints::adjust(kind, &obj, &pods, publish) else {
+        let Some(adjusted) = endpoints::adjust(kind, &obj, &pods, publishes) else {
             continue;
         };
-        let resource = l.key.gvr.rsplit('/').next().unwrap_or_default().to_string();
-        if let Ok(item) = objects::from_json(&resource, adjusted, "", "") {
+        if let Ok(item) = objects::from_json(kind.resource(), adjusted, "", "") {
             l.serve_live(item, &mut floor);
         }
     }
@@ -1092,7 +1096,7 @@ async fn watch(
 }
 
 /// The objects an offline watch has shown, with a digest of each as last sent.
-struct Shown(std::collections::HashMap<(String, String), u64>);
+struct Shown(HashMap<(String, String), u64>);
 
 impl Shown {
     fn digest(item: &Item) -> u64 {

@@ -21,7 +21,7 @@ const SLICES: &str = "discovery.k8s.io/v1/endpointslices";
 const ENDPOINTS: &str = "/v1/endpoints";
 
 /// The label naming a slice's service.
-pub const SERVICE_NAME: &str = "kubernetes.io/service-name";
+const SERVICE_NAME: &str = "kubernetes.io/service-name";
 const SLICE_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 const SLICE_CONTROLLER: &str = "endpointslice-controller.k8s.io";
 const ENDPOINTS_MANAGED_BY: &str = "endpoints.kubernetes.io/managed-by";
@@ -42,6 +42,22 @@ impl Kind {
             SLICES => Some(Kind::Slice),
             ENDPOINTS => Some(Kind::Endpoints),
             _ => None,
+        }
+    }
+
+    /// The resource's name in a path (`endpointslices`).
+    pub fn resource(self) -> &'static str {
+        match self {
+            Kind::Slice => "endpointslices",
+            Kind::Endpoints => "endpoints",
+        }
+    }
+
+    /// The service `obj` (an object of this kind) belongs to.
+    pub fn service_of(self, obj: &Value) -> &str {
+        match self {
+            Kind::Slice => text(&obj["metadata"]["labels"][SERVICE_NAME]),
+            Kind::Endpoints => text(&obj["metadata"]["name"]),
         }
     }
 }
@@ -138,11 +154,6 @@ impl Pods {
         self.0.is_empty()
     }
 
-    /// Whether any pod of `namespace` is known.
-    fn any_in(&self, namespace: &str) -> bool {
-        self.0.keys().any(|(ns, _)| ns == namespace)
-    }
-
     /// Whether `body` (an object of `namespace`, in either encoding) may name one of the
     /// pods: the cheap test that spares reading whole the objects that cannot.
     pub fn named_in(&self, namespace: &str, body: &[u8]) -> bool {
@@ -177,9 +188,6 @@ pub fn adjust(
     publish_not_ready: Option<bool>,
 ) -> Option<Value> {
     let namespace = text(&obj["metadata"]["namespace"]);
-    if pods.is_empty() || !pods.any_in(namespace) {
-        return None;
-    }
     let labels = &obj["metadata"]["labels"];
     let (adjusted, lowered) = match kind {
         Kind::Slice => {
@@ -198,7 +206,7 @@ pub fn adjust(
     };
     let mut out = adjusted;
     let rv: u64 = text(&obj["metadata"]["resourceVersion"]).parse().ok()?;
-    out["metadata"]["resourceVersion"] = rv.saturating_sub(lowered).max(1).to_string().into();
+    out["metadata"]["resourceVersion"] = super::below(rv, lowered).to_string().into();
     Some(out)
 }
 

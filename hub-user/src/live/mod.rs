@@ -111,6 +111,12 @@ pub fn scope_prefix(gvr: &str, namespace: Option<&str>) -> Vec<u8> {
     }
 }
 
+/// The resourceVersion of what the node made from the cloud's object at `rv` after `writes`
+/// writes: below it, one lower a write (never 0, which means "any" to a client).
+pub fn below(rv: u64, writes: u64) -> u64 {
+    rv.saturating_sub(writes).max(1)
+}
+
 /// The writes whose object the node keeps live offline, and how each goes back.
 pub fn replay_as(info: &RequestInfo) -> Option<ReplayAs> {
     let named = !info.name.is_empty();
@@ -210,7 +216,7 @@ impl Entry {
     pub fn served_rv(&self) -> u64 {
         match self.replay {
             ReplayAs::Put => self.base_rv,
-            ReplayAs::Patch => self.base_rv.saturating_sub(self.writes).max(1),
+            ReplayAs::Patch => below(self.base_rv, self.writes),
         }
     }
 
