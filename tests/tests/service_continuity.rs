@@ -2,7 +2,7 @@
 //! the kubelet writes its pods' new IPs and readiness (two-way strategic merge patches, as
 //! the real kubelet writes them: `fixtures/wire/kube-apiserver-1.36/patch-pod-status-strategic`),
 //! and the EndpointSlices and Endpoints the hub serves to a kube-proxy-shaped client
-//! (protobuf, streamed list, its label selector) and a CoreDNS-shaped one (JSON, list then
+//! (protobuf, streamed list, the label selector a real kube-proxy 1.36 sends) and a CoreDNS-shaped one (JSON, list then
 //! watch) name the pods as they are now — on their open watches too — while a slice some
 //! other controller manages is served as the cloud wrote it. When the cloud is back, both
 //! converge on the cloud's objects and keep nothing the hub made.
@@ -27,8 +27,24 @@ const KUBE_PROXY: &str = "kube-proxy/v1.36.3 (linux/amd64) kubernetes/7b29fb0";
 const COREDNS: &str = "coredns/v1.12.1 (linux/amd64)";
 const PROXY_TOKEN: &str = "kube-proxy-token";
 const DNS_TOKEN: &str = "coredns-token";
-/// kube-proxy's selector on services and EndpointSlices.
-const PROXY_SELECTOR: &str = "labelSelector=%21service.kubernetes.io%2Fheadless%2C%21service.kubernetes.io%2Fservice-proxy-name";
+/// The label selector a real kube-proxy 1.36 sent on EndpointSlices
+/// (`fixtures/controllers-1.36/kube-proxy-1.36-requests.txt`).
+fn proxy_selector() -> String {
+    let recorded = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/controllers-1.36/kube-proxy-1.36-requests.txt"
+    ))
+    .unwrap();
+    let slices = recorded
+        .lines()
+        .find(|l| l.starts_with("/apis/discovery.k8s.io/v1/endpointslices?"))
+        .expect("kube-proxy's slice request");
+    slices
+        .split(['?', '&'])
+        .find(|p| p.starts_with("labelSelector="))
+        .expect("its label selector")
+        .to_string()
+}
 const SLICE: &str = "shop/web-7xk2p";
 const MIRRORED: &str = "shop/web-mirrored";
 const PROTOBUF: &str = "application/vnd.kubernetes.protobuf,application/json";
@@ -198,12 +214,13 @@ fn offline_slices_and_endpoints_follow_the_pods_the_kubelet_writes_then_hand_bac
     let proxy_client = Client::new(s.hub_addr(), s.ca.cert_der(), Some(PROXY_TOKEN), None);
     let dns_client = Client::new(s.hub_addr(), s.ca.cert_der(), Some(DNS_TOKEN), None);
     let slices = "/apis/discovery.k8s.io/v1/endpointslices";
+    let selector = proxy_selector();
     let mut proxy = Informer::new(
         &proxy_client,
         KUBE_PROXY,
         true,
         slices,
-        PROXY_SELECTOR,
+        &selector,
         Mode::WatchList,
     );
     let mut dns = Informer::new(&dns_client, COREDNS, false, slices, "", Mode::ListThenWatch);
@@ -300,7 +317,7 @@ fn offline_slices_and_endpoints_follow_the_pods_the_kubelet_writes_then_hand_bac
         KUBE_PROXY,
         true,
         slices,
-        PROXY_SELECTOR,
+        &selector,
         Mode::ListThenWatch,
     );
     relisted.sync().unwrap();
