@@ -16,6 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use k8s_pb::api::discovery::v1::EndpointSlice;
 use k8s_pb::apimachinery::pkg::{
     apis::meta::v1::{ListMeta, ObjectMeta, WatchEvent},
     runtime::Unknown,
@@ -130,6 +131,48 @@ impl<'c> Informer<'c> {
     /// The object names the store holds (`namespace/name`).
     pub fn names(&self) -> Vec<String> {
         self.objects.keys().cloned().collect()
+    }
+
+    /// The endpoints of the EndpointSlice `key` (`namespace/name`) as this informer holds it,
+    /// as (pod, addresses, ready, serving); empty if it holds no such slice.
+    pub fn slice_endpoints(&self, key: &str) -> Vec<(String, Vec<String>, bool, bool)> {
+        let Some(raw) = self.bodies.get(key) else {
+            return Vec::new();
+        };
+        if raw.first() == Some(&b'{') {
+            let v: Value = serde_json::from_slice(raw).unwrap();
+            return v["endpoints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    let addresses = e["addresses"].as_array().into_iter().flatten();
+                    (
+                        e["targetRef"]["name"].as_str().unwrap_or_default().into(),
+                        addresses
+                            .filter_map(|a| a.as_str().map(String::from))
+                            .collect(),
+                        e["conditions"]["ready"] == true,
+                        e["conditions"]["serving"] == true,
+                    )
+                })
+                .collect();
+        }
+        let slice = EndpointSlice::decode(raw.as_slice()).unwrap();
+        slice
+            .endpoints
+            .iter()
+            .map(|e| {
+                let c = e.conditions.unwrap_or_default();
+                let pod = e.target_ref.clone().unwrap_or_default().name;
+                (
+                    pod.unwrap_or_default(),
+                    e.addresses.clone(),
+                    c.ready == Some(true),
+                    c.serving == Some(true),
+                )
+            })
+            .collect()
     }
 
     fn headers(&self) -> Vec<(&str, &str)> {

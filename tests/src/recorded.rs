@@ -25,6 +25,22 @@ pub fn kubelet_pod_status_patch(uid: &str, ready: &str, phase: &str) -> Value {
     p
 }
 
+/// The same patch after an offline restart: the pod runs again on `new_ip`, and the kubelet
+/// says the IP change as its two-way patch does (the new one in order, the old one deleted).
+pub fn kubelet_pod_restarted_patch(
+    uid: &str,
+    ready: &str,
+    phase: &str,
+    old_ip: &str,
+    new_ip: &str,
+) -> Vec<u8> {
+    let mut p = kubelet_pod_status_patch(uid, ready, phase);
+    p["status"]["$setElementOrder/podIPs"] = json!([{"ip": new_ip}]);
+    p["status"]["podIP"] = new_ip.into();
+    p["status"]["podIPs"] = json!([{"ip": new_ip}, {"$patch": "delete", "ip": old_ip}]);
+    serde_json::to_vec(&p).unwrap()
+}
+
 /// A pod a controller names: (name, uid, IP).
 pub type Target<'a> = (&'a str, &'a str, &'a str);
 

@@ -12,17 +12,19 @@ use std::{
 
 use hub_tests::{
     TempDir,
-    apiserver::{ADMIN_TOKEN, Options, StandIn, client::Client, seed, tls::TestCa},
+    apiserver::{ADMIN_TOKEN, Options, StandIn, auth::Rule, client::Client, seed, tls::TestCa},
     etcd::EtcdCluster,
     hub::{HubProc, LOOPBACK_NODE, LoopbackHub},
+    informer::{Informer, Mode},
     pool_net::{CLOUD_IP, ETCD_IP, PoolNet},
-    privileged, wait_for,
+    privileged, recorded, wait_for,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const TTL: u64 = 3;
 const NODES: [&str; 3] = ["edge-0", "edge-1", "edge-2"];
 const SLICES: &str = "/apis/discovery.k8s.io/v1/endpointslices";
+const PROTOBUF: &str = "application/vnd.kubernetes.protobuf,application/json";
 const POOL_SCOPE: [&str; 3] = [
     "/api/v1/services",
     "/api/v1/endpoints",
@@ -32,6 +34,7 @@ const POOL_SCOPE: [&str; 3] = [
 struct Node {
     hub: HubProc,
     client: Client,
+    tls: u16,
 }
 
 fn start_node(
@@ -73,7 +76,7 @@ fn start_node(
         None,
         Some(&pki.kubelet),
     );
-    Node { hub, client }
+    Node { hub, client, tls }
 }
 
 fn get(c: &Client, path: &str, agent: &str) -> hub_tests::apiserver::client::Reply {
@@ -338,5 +341,256 @@ fn three_hubs_in_node_namespaces_share_a_three_member_coordinator() {
             let r = get(c, &pods_path, "kubelet/v1.32.0");
             (r.status == 200 && r.header("warning").is_none()).then_some(())
         },
+    );
+}
+
+/// A whole site loses its cloud link and restarts: each node's kubelet writes its pods'
+/// new addresses, and every node of the pool — not only the pod's own — serves the
+/// service's EndpointSlice naming them, to the node's kube-proxy (node identity: from the
+/// coordinator; protobuf, streamed list, its real selector) and to CoreDNS (its own
+/// token: from the node's cache; JSON), on their open watches. The coordinator keeps the
+/// cloud's slice; what the hubs share of their pods is gone once they are back in step.
+#[test]
+fn a_site_offline_serves_every_node_s_pods_at_their_new_addresses_from_every_node() {
+    if !privileged::check(
+        "a_site_offline_serves_every_node_s_pods_at_their_new_addresses_from_every_node",
+    ) {
+        return;
+    }
+    const NS: &str = "shop";
+    const SLICE: &str = "shop/web-7xk2p";
+    const KUBELET: &str = "kubelet/v1.36.3 (linux/amd64) kubernetes/7b29fb0";
+    const KUBE_PROXY: &str = "kube-proxy/v1.36.3 (linux/amd64) kubernetes/7b29fb0";
+    const COREDNS: &str = "coredns/v1.12.1 (linux/amd64)";
+    const DNS_TOKEN: &str = "coredns-token";
+    // Documentation addresses: data in objects, never dialled.
+    let old_ip = |i: usize| format!("192.0.2.{}", 10 + i);
+    let new_ip = |i: usize| format!("198.51.100.{}", 20 + i);
+    let uid = |i: usize| format!("seed-pods-{NS}-web-{i}");
+
+    let net = PoolNet::new(2);
+    let _cloud_side = net.cloud.enter();
+    let etcd = EtcdCluster::start_on(1, ETCD_IP);
+    let cloud =
+        StandIn::start(format!("{CLOUD_IP}:0").parse().unwrap(), Options::default()).unwrap();
+    let ca = cloud.ca.clone();
+    {
+        let mut auth = cloud.state.auth.write().unwrap();
+        auth.add_test_identities();
+        let user = "system:serviceaccount:kube-system:coredns";
+        auth.add_token(DNS_TOKEN, user, &["system:serviceaccounts"]);
+        auth.allow(Rule::new(
+            user,
+            &["get", "list", "watch"],
+            &["services", "endpoints", "endpointslices"],
+            &["*"],
+        ));
+    }
+    let store = &cloud.state.store;
+    seed::base(store);
+    seed::namespace(store, NS);
+    for (i, node) in NODES[..2].iter().enumerate() {
+        seed::node(store, node);
+        let ip = old_ip(i);
+        seed::put(
+            store,
+            "pods",
+            "",
+            NS,
+            json!({"metadata": {"name": format!("web-{i}"), "labels": {"app": "web"}},
+                "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.local/web:1"}]},
+                "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                    "conditions": [{"type": "Ready", "status": "True"}]}}),
+        );
+    }
+    seed::put(
+        store,
+        "services",
+        "",
+        NS,
+        json!({"metadata": {"name": "web"},
+            "spec": {"type": "ClusterIP", "selector": {"app": "web"},
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}}),
+    );
+    let (uids, ips): (Vec<String>, Vec<String>) = (0..2).map(|i| (uid(i), old_ip(i))).unzip();
+    let targets: Vec<recorded::Target> = (0..2)
+        .map(|i| (["web-0", "web-1"][i], uids[i].as_str(), ips[i].as_str()))
+        .collect();
+    let mut slice = recorded::controller_endpointslice(NS, "web-7xk2p", "web", NODES[0], &targets);
+    slice["endpoints"][1]["nodeName"] = NODES[1].into();
+    seed::put(store, "endpointslices", "discovery.k8s.io", NS, slice);
+
+    let pki = TempDir::new("poolnet");
+    let nodes: Vec<Node> = (0..2)
+        .map(|i| start_node(&net, i, &cloud, &ca, &etcd, pki.path()))
+        .collect();
+    wait_for("one pool leader", Duration::from_secs(30), || {
+        let roles: Vec<String> = nodes.iter().map(|n| role(&n.hub)).collect();
+        roles.iter().any(|r| r == "leader").then_some(())
+    });
+    wait_for(
+        "the leader's endpointslices synced",
+        Duration::from_secs(30),
+        || {
+            (!etcd
+                .keys("/hub/synced/discovery.k8s.io/v1/endpointslices")
+                .is_empty())
+            .then_some(())
+        },
+    );
+    // Each node's kubelet lists its pods (protobuf, as it does).
+    for (i, n) in nodes.iter().enumerate() {
+        let r = n
+            .client
+            .request(
+                "GET",
+                &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{}", NODES[i]),
+                &[("User-Agent", KUBELET), ("Accept", PROTOBUF)],
+                &[],
+            )
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        n.hub.wait_stored();
+    }
+    // edge-1's kube-proxy and CoreDNS list and watch the slices through their hub.
+    let hub1 = format!("{}:{}", PoolNet::node_ip(1), nodes[1].tls);
+    let dns_client = Client::new(hub1.parse().unwrap(), ca.cert_der(), Some(DNS_TOKEN), None);
+    let selector = "labelSelector=%21service.kubernetes.io%2Fheadless";
+    let mut proxy = Informer::new(
+        &nodes[1].client,
+        KUBE_PROXY,
+        true,
+        SLICES,
+        selector,
+        Mode::WatchList,
+    );
+    let mut dns = Informer::new(&dns_client, COREDNS, false, SLICES, "", Mode::ListThenWatch);
+    proxy.sync().unwrap();
+    dns.sync().unwrap();
+    let as_cloud_wrote = vec![
+        ("web-0".to_string(), vec![old_ip(0)], true, true),
+        ("web-1".to_string(), vec![old_ip(1)], true, true),
+    ];
+    assert_eq!(proxy.slice_endpoints(SLICE), as_cloud_wrote);
+    nodes[1].hub.wait_stored();
+
+    // The site's cloud link is gone; the coordinator stays.
+    cloud.stop_listening();
+    for n in &nodes {
+        wait_for(
+            "the hub to see the cloud down",
+            Duration::from_secs(10),
+            || (n.hub.status()["cloud"][0]["healthy"] == false).then_some(()),
+        );
+    }
+    proxy.pump(Duration::from_secs(2)).unwrap();
+    dns.pump(Duration::from_secs(2)).unwrap();
+    assert_eq!(proxy.slice_endpoints(SLICE), as_cloud_wrote);
+
+    let restarted = |i: usize| {
+        let r = nodes[i]
+            .client
+            .request(
+                "PATCH",
+                &format!("/api/v1/namespaces/{NS}/pods/web-{i}/status"),
+                &[
+                    ("User-Agent", KUBELET),
+                    ("Accept", PROTOBUF),
+                    ("Content-Type", "application/strategic-merge-patch+json"),
+                ],
+                &recorded::kubelet_pod_restarted_patch(
+                    &uid(i),
+                    "True",
+                    "Running",
+                    &old_ip(i),
+                    &new_ip(i),
+                ),
+            )
+            .unwrap();
+        assert_eq!(
+            r.status,
+            200,
+            "web-{i}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+    };
+    // edge-0's pod runs again on a new address: edge-1's clients get it on their watches.
+    restarted(0);
+    let written = Instant::now();
+    let one_moved = vec![
+        ("web-0".to_string(), vec![new_ip(0)], true, true),
+        ("web-1".to_string(), vec![old_ip(1)], true, true),
+    ];
+    for (name, informer) in [("kube-proxy", &mut proxy), ("coredns", &mut dns)] {
+        wait_for(
+            &format!("edge-1's {name} to see web-0's new address"),
+            Duration::from_secs(30),
+            || {
+                informer.pump(Duration::from_millis(200)).unwrap();
+                (informer.slice_endpoints(SLICE) == one_moved).then_some(())
+            },
+        );
+        eprintln!(
+            "edge-1's {name} saw edge-0's write {} ms after it",
+            written.elapsed().as_millis()
+        );
+    }
+    let shared = etcd.keys("/hub/live/");
+    assert_eq!(shared, ["/hub/live/pool-a/edge-0/shop/web-0"], "{shared:?}");
+
+    // edge-1's own pod too; and a fresh list on edge-0 (from the coordinator) names both.
+    restarted(1);
+    let both_moved = vec![
+        ("web-0".to_string(), vec![new_ip(0)], true, true),
+        ("web-1".to_string(), vec![new_ip(1)], true, true),
+    ];
+    for (name, informer) in [("kube-proxy", &mut proxy), ("coredns", &mut dns)] {
+        wait_for(
+            &format!("edge-1's {name} to see web-1's new address"),
+            Duration::from_secs(30),
+            || {
+                informer.pump(Duration::from_millis(200)).unwrap();
+                (informer.slice_endpoints(SLICE) == both_moved).then_some(())
+            },
+        );
+    }
+    let mut on_edge0 = Informer::new(
+        &nodes[0].client,
+        KUBE_PROXY,
+        true,
+        SLICES,
+        selector,
+        Mode::ListThenWatch,
+    );
+    wait_for(
+        "edge-0's fresh list to name both new addresses",
+        Duration::from_secs(30),
+        || {
+            on_edge0.sync().ok()?;
+            (on_edge0.slice_endpoints(SLICE) == both_moved).then_some(())
+        },
+    );
+    // The coordinator keeps the cloud's slice.
+    let stored = etcd
+        .etcdctl(
+            &etcd.endpoints(),
+            &[
+                "get",
+                "/registry/endpointslices/shop/web-7xk2p",
+                "--print-value-only",
+            ],
+        )
+        .unwrap();
+    assert!(
+        stored.contains(&old_ip(0)) && !stored.contains(&new_ip(0)),
+        "{stored}"
+    );
+
+    // The cloud is back: the nodes replay their writes and share nothing any more.
+    cloud.start_listening().unwrap();
+    wait_for(
+        "the hubs to stop sharing once back in step",
+        Duration::from_secs(60),
+        || etcd.keys("/hub/live/").is_empty().then_some(()),
     );
 }

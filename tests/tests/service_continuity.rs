@@ -16,8 +16,6 @@ use hub_tests::{
     scenario::Setup,
     wait_for,
 };
-use k8s_pb::api::discovery::v1::EndpointSlice;
-use prost::Message;
 use serde_json::{Value, json};
 
 const NODE: &str = LOOPBACK_NODE;
@@ -126,16 +124,9 @@ fn seed_cloud(s: &Setup) {
     }
 }
 
-/// The kubelet's recorded status patch, made for pod `i`: its uid, readiness, phase and
-/// (after a restart) its new address, as the kubelet's two-way patch says an IP change:
-/// the new one in order, the old one deleted.
+/// The kubelet's recorded status patch for pod `i` after the restart.
 fn status_patch(i: usize, ready: &str, phase: &str) -> Vec<u8> {
-    let mut p = recorded::kubelet_pod_status_patch(&pod_uid(i), ready, phase);
-    let ip = new_ip(i);
-    p["status"]["$setElementOrder/podIPs"] = json!([{"ip": ip}]);
-    p["status"]["podIP"] = ip.clone().into();
-    p["status"]["podIPs"] = json!([{"ip": ip}, {"$patch": "delete", "ip": old_ip(i)}]);
-    serde_json::to_vec(&p).unwrap()
+    recorded::kubelet_pod_restarted_patch(&pod_uid(i), ready, phase, &old_ip(i), &new_ip(i))
 }
 
 /// Waits until `informer` (kube-proxy's or CoreDNS's, against the cloud again) holds what
@@ -152,53 +143,6 @@ fn until_converged(
         }
         done(informer).then_some(())
     });
-}
-
-/// A slice's endpoints as (pod, addresses, ready, serving), read with full decoders
-/// (k8s-pb for protobuf, serde_json for JSON).
-fn endpoints_of(informer: &Informer, key: &str) -> Vec<(String, Vec<String>, bool, bool)> {
-    let Some(raw) = informer.bodies.get(key) else {
-        return Vec::new();
-    };
-    if raw.first() == Some(&b'{') {
-        let v: Value = serde_json::from_slice(raw).unwrap();
-        return v["endpoints"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|e| {
-                (
-                    e["targetRef"]["name"].as_str().unwrap_or_default().into(),
-                    e["addresses"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|a| a.as_str().unwrap().to_string())
-                        .collect(),
-                    e["conditions"]["ready"] == true,
-                    e["conditions"]["serving"] == true,
-                )
-            })
-            .collect();
-    }
-    let slice = EndpointSlice::decode(raw.as_slice()).unwrap();
-    slice
-        .endpoints
-        .iter()
-        .map(|e| {
-            let c = e.conditions.unwrap_or_default();
-            (
-                e.target_ref
-                    .clone()
-                    .unwrap_or_default()
-                    .name
-                    .unwrap_or_default(),
-                e.addresses.clone(),
-                c.ready == Some(true),
-                c.serving == Some(true),
-            )
-        })
-        .collect()
 }
 
 fn slice_rv(informer: &Informer, key: &str) -> u64 {
@@ -247,7 +191,7 @@ fn offline_slices_and_endpoints_follow_the_pods_the_kubelet_writes_then_hand_bac
     dns.pump(Duration::from_secs(2)).unwrap();
     let old = |i: usize| vec![old_ip(i)];
     assert_eq!(
-        endpoints_of(&proxy, SLICE),
+        proxy.slice_endpoints(SLICE),
         [
             ("web-0".into(), old(0), true, true),
             ("web-1".into(), old(1), true, true),
@@ -293,12 +237,7 @@ fn offline_slices_and_endpoints_follow_the_pods_the_kubelet_writes_then_hand_bac
             Duration::from_secs(20),
             || {
                 informer.pump(Duration::from_millis(300)).unwrap();
-                eprintln!(
-                    "DBG {:?} {:?}",
-                    endpoints_of(informer, SLICE),
-                    informer.calls
-                );
-                (endpoints_of(informer, SLICE) == now).then_some(())
+                (informer.slice_endpoints(SLICE) == now).then_some(())
             },
         );
         assert!(
@@ -306,7 +245,7 @@ fn offline_slices_and_endpoints_follow_the_pods_the_kubelet_writes_then_hand_bac
             "served below the cloud's version"
         );
         assert_eq!(
-            endpoints_of(informer, MIRRORED),
+            informer.slice_endpoints(MIRRORED),
             [("web-0".into(), old(0), true, true)],
             "another controller's slice is left as it is"
         );
@@ -321,7 +260,7 @@ fn offline_slices_and_endpoints_follow_the_pods_the_kubelet_writes_then_hand_bac
         Mode::ListThenWatch,
     );
     relisted.sync().unwrap();
-    assert_eq!(endpoints_of(&relisted, SLICE), now);
+    assert_eq!(relisted.slice_endpoints(SLICE), now);
     let ep = dns_client
         .request("GET", &format!("{endpoints_path}/web"), &dns_json, &[])
         .unwrap()
@@ -357,7 +296,7 @@ fn offline_slices_and_endpoints_follow_the_pods_the_kubelet_writes_then_hand_bac
     ];
     for (name, informer) in [("kube-proxy", &mut proxy), ("coredns", &mut dns)] {
         until_converged(name, "to hold the cloud's slice again", informer, |i| {
-            slice_rv(i, SLICE) == cloud_slice_rv && endpoints_of(i, SLICE) == cloud_endpoints
+            slice_rv(i, SLICE) == cloud_slice_rv && i.slice_endpoints(SLICE) == cloud_endpoints
         });
     }
     // ... and then the cloud's own update reaches them as it would without the hub.
@@ -386,7 +325,7 @@ fn offline_slices_and_endpoints_follow_the_pods_the_kubelet_writes_then_hand_bac
             slice_rv(i, SLICE) == updated_rv
         });
         assert_eq!(
-            endpoints_of(informer, SLICE),
+            informer.slice_endpoints(SLICE),
             [("web-0".into(), vec![new_ip(0)], true, true)]
         );
     }

@@ -235,6 +235,11 @@ impl Cache {
         &self.store
     }
 
+    /// What the node wrote while offline, as it is served.
+    pub fn live(&self) -> &Arc<crate::live::state::LiveState> {
+        &self.live
+    }
+
     /// Waits until every teed answer so far is stored.
     pub fn flush(&self) {
         self.writer.flush_within(std::time::Duration::from_secs(30));

@@ -31,7 +31,7 @@ use crate::{
     body::{BodyError, ProxyBody},
     convert, kproto,
     kproto::StatusDetails,
-    live::{self, endpoints},
+    live::{self, endpoints, state::LiveState},
     proxy::{
         forward::{status, status_about},
         request::RequestInfo,
@@ -213,17 +213,30 @@ fn latest(records: Vec<(ObjectKey, Record)>) -> Vec<Latest> {
 /// lowest resourceVersion served from that state, which a list or watch reports no
 /// further than (see `crate::live`).
 fn with_live_state(
-    store: &Store,
+    live: &LiveState,
     credential: &str,
     gvr: &str,
     scope: (Option<&str>, Option<&str>),
     objects: &mut [Latest],
 ) -> Result<Option<u64>, String> {
+    let mut floor: Option<u64> = None;
+    let store = live.store();
     if let Some(kind) = endpoints::Kind::of(gvr) {
-        return following_pods(store, credential, kind, scope.0, objects);
+        let pods = live.pods(scope.0).map_err(|e| e.to_string())?;
+        let mut follow = endpoints::Follow::new(kind, &pods, |ns, service| {
+            publish_not_ready(store, credential, ns, service)
+        });
+        for l in objects.iter_mut().filter(|l| !l.deleted) {
+            let Some(held) = l.json.as_ref().or(l.protobuf.as_ref()) else {
+                continue;
+            };
+            if let Some(item) = follow.adjusted(held, || l.pick(Encoding::Json)) {
+                l.serve_live(item, &mut floor);
+            }
+        }
+        return Ok(floor);
     }
     let entries = live::state::held(store, gvr, scope.0, scope.1).map_err(|e| e.to_string())?;
-    let mut floor: Option<u64> = None;
     for e in entries {
         let Ok(i) = objects.binary_search_by(|l| {
             (l.key.namespace.as_str(), l.key.name.as_str()).cmp(&(&e.namespace, &e.name))
@@ -240,95 +253,37 @@ fn with_live_state(
     Ok(floor)
 }
 
-/// EndpointSlices or Endpoints as their controller would write them from the pods the
-/// node wrote offline (`live::endpoints`).
-fn following_pods(
-    store: &Store,
-    credential: &str,
-    kind: endpoints::Kind,
-    namespace: Option<&str>,
-    objects: &mut [Latest],
-) -> Result<Option<u64>, String> {
-    let entries =
-        live::state::held(store, endpoints::PODS, namespace, None).map_err(|e| e.to_string())?;
-    let pods = endpoints::Pods::from_entries(&entries);
-    let mut floor: Option<u64> = None;
-    if pods.is_empty() {
-        return Ok(floor);
-    }
-    // The services' publishNotReadyAddresses, read once each.
-    let mut publish: HashMap<(String, String), Option<bool>> = HashMap::new();
-    for l in objects.iter_mut().filter(|l| !l.deleted) {
-        // Only what may name one of the pods is read whole.
-        let ns = l.key.namespace.as_str();
-        let Some(held) = l.json.as_ref().or(l.protobuf.as_ref()) else {
-            continue;
-        };
-        if !pods.named_in(ns, &held.body) {
-            continue;
-        }
-        let Some(json) = l.pick(Encoding::Json) else {
-            continue;
-        };
-        let Ok(obj) = serde_json::from_slice::<serde_json::Value>(&json.body) else {
-            continue;
-        };
-        let service = (ns.to_string(), kind.service_of(&obj).to_string());
-        let publishes = match publish.get(&service) {
-            Some(p) => *p,
-            None => {
-                let p = publish_not_ready(store, credential, ns, &service.1)?;
-                publish.insert(service, p);
-                p
-            }
-        };
-        let Some(adjusted) = endpoints::adjust(kind, &obj, &pods, publishes) else {
-            continue;
-        };
-        if let Ok(item) = objects::from_json(kind.resource(), adjusted, "", "") {
-            l.serve_live(item, &mut floor);
-        }
-    }
-    Ok(floor)
-}
-
 /// The `publishNotReadyAddresses` of a service `credential` holds, if it holds it.
 fn publish_not_ready(
     store: &Store,
     credential: &str,
     namespace: &str,
     service: &str,
-) -> Result<Option<bool>, String> {
-    if service.is_empty() {
-        return Ok(None);
-    }
+) -> Option<bool> {
     let p = store::prefix(credential, "/v1/services", Some(namespace), Some(service));
-    let held = latest(store.scan(&p).map_err(|e| e.to_string())?);
-    let Some(json) = held
+    let held = latest(store.scan(&p).ok()?);
+    let json = held
         .first()
         .filter(|l| !l.deleted)
-        .and_then(|l| l.pick(Encoding::Json))
-    else {
-        return Ok(None);
-    };
-    Ok(serde_json::from_slice::<serde_json::Value>(&json.body)
+        .and_then(|l| l.pick(Encoding::Json))?;
+    serde_json::from_slice::<serde_json::Value>(&json.body)
         .ok()
-        .map(|svc| svc["spec"]["publishNotReadyAddresses"] == true))
+        .map(|svc| svc["spec"]["publishNotReadyAddresses"] == true)
 }
 
 /// The copies `credential` holds of one object, as they are served now (the node's live
 /// state in their place), and the lowest resourceVersion served from that state.
 fn one_object(
-    store: &Store,
+    live: &LiveState,
     credential: &str,
     gvr: &str,
     namespace: &str,
     name: &str,
 ) -> Result<(Vec<Latest>, Option<u64>), String> {
     let p = store::prefix(credential, gvr, Some(namespace), Some(name));
-    let mut objects = latest(store.scan(&p).map_err(|e| e.to_string())?);
+    let mut objects = latest(live.store().scan(&p).map_err(|e| e.to_string())?);
     let floor = with_live_state(
-        store,
+        live,
         credential,
         gvr,
         (Some(namespace), Some(name)),
@@ -492,18 +447,18 @@ impl Server {
                 req.accept
             ));
         }
-        let store = self.store.clone();
+        let live = self.live.clone();
         let (info, query, credential) = (
             info.clone(),
             req.query.to_string(),
             req.credential.to_string(),
         );
         match info.verb {
-            "get" => run_blocking(move || get(&store, &info, &credential, &prefs)).await,
-            "list" => run_blocking(move || list(&store, &info, &query, &credential, &prefs)).await,
+            "get" => run_blocking(move || get(&live, &info, &credential, &prefs)).await,
+            "list" => run_blocking(move || list(&live, &info, &query, &credential, &prefs)).await,
             "watch" => {
                 let changes = self.live.subscribe();
-                watch(store, changes, info, query, credential, prefs, cloud_back).await
+                watch(live, changes, info, query, credential, prefs, cloud_back).await
             }
             v => Err(format!("{v} cannot be answered offline")),
         }
@@ -555,13 +510,13 @@ async fn run_blocking<T: Send + 'static>(
 }
 
 fn get(
-    store: &Store,
+    live: &LiveState,
     info: &RequestInfo,
     credential: &str,
     prefs: &[Encoding],
 ) -> Result<Response<ProxyBody>, String> {
     let gvr = info.gvr();
-    let (objects, _) = one_object(store, credential, &gvr, &info.namespace, &info.name)?;
+    let (objects, _) = one_object(live, credential, &gvr, &info.namespace, &info.name)?;
     let not_found = || {
         status_about(
             StatusCode::NOT_FOUND,
@@ -580,7 +535,7 @@ fn get(
         // list).
         let by_name = Selector::parse("", &format!("metadata.name={}", info.name))
             .map_err(|e| e.to_string())?;
-        return match covering_list(store, credential, &gvr, &info.namespace, &by_name)? {
+        return match covering_list(live.store(), credential, &gvr, &info.namespace, &by_name)? {
             Some(_) => Ok(not_found()),
             _ => Err(format!(
                 "{} {}/{} is not in the local cache for this client",
@@ -650,18 +605,19 @@ pub(crate) fn bad_request(msg: &str) -> Response<ProxyBody> {
 /// The objects of a list or watch scope, the resourceVersion they stand at, and the
 /// kind the cloud named the list by (empty if not known).
 fn scope_objects(
-    store: &Store,
+    live: &LiveState,
     info: &RequestInfo,
     credential: &str,
     asked: &Selector,
 ) -> Result<(Vec<Latest>, u64, String), String> {
     let gvr = info.gvr();
     let ns = (!info.namespace.is_empty()).then_some(info.namespace.as_str());
+    let store = live.store();
     let Some(meta) = covering_list(store, credential, &gvr, &info.namespace, asked)? else {
         // One object asked for by name: the copy a GET would be answered from (or its
         // tombstone) answers the list too.
         if let Some(name) = asked.single_name() {
-            let (objects, floor) = one_object(store, credential, &gvr, &info.namespace, name)?;
+            let (objects, floor) = one_object(live, credential, &gvr, &info.namespace, name)?;
             if !objects.is_empty() {
                 let rv = objects.iter().map(|l| l.newest_rv).max().unwrap_or(0);
                 return Ok((objects, floor.map_or(rv, |f| f.min(rv)), String::new()));
@@ -700,7 +656,7 @@ fn scope_objects(
         .map_err(|e| e.to_string())?;
     let mut objects = latest(records);
     let rv = objects.iter().map(|l| l.newest_rv).fold(meta.rv, u64::max);
-    let floor = with_live_state(store, credential, &gvr, (ns, None), &mut objects)?;
+    let floor = with_live_state(live, credential, &gvr, (ns, None), &mut objects)?;
     let rv = floor.map_or(rv, |f| f.min(rv));
     let kind = meta
         .kind
@@ -711,7 +667,7 @@ fn scope_objects(
 }
 
 fn list(
-    store: &Store,
+    live: &LiveState,
     info: &RequestInfo,
     query: &str,
     credential: &str,
@@ -721,7 +677,7 @@ fn list(
         Ok(s) => s,
         Err(msg) => return Ok(bad_request(&msg)),
     };
-    let (objects, rv, kind) = scope_objects(store, info, credential, &sel)?;
+    let (objects, rv, kind) = scope_objects(live, info, credential, &sel)?;
     render_list(FROM_LOCAL_CACHE, objects, rv, &kind, info, query, prefs)
 }
 
@@ -973,7 +929,7 @@ pub(crate) fn meta_only(
 }
 
 async fn watch(
-    store: Arc<Store>,
+    live: Arc<LiveState>,
     mut changes: broadcast::Receiver<live::Changed>,
     info: RequestInfo,
     query: String,
@@ -985,17 +941,18 @@ async fn watch(
         Ok(s) => s,
         Err(msg) => return Ok(bad_request(&msg)),
     };
-    let (scan_info, scan_cred, scan_store) = (info.clone(), credential.clone(), store.clone());
+    let (scan_info, scan_cred, scan_live) = (info.clone(), credential.clone(), live.clone());
     let scan_sel = sel.clone();
     let (objects, rv, kind_hint) =
-        run_blocking(move || scope_objects(&scan_store, &scan_info, &scan_cred, &scan_sel)).await?;
-    let live = live_and_selected(&objects, &sel);
-    let enc = whole_in_one_encoding(&live, &prefs)?;
+        run_blocking(move || scope_objects(&scan_live, &scan_info, &scan_cred, &scan_sel)).await?;
+    let selected = live_and_selected(&objects, &sel);
+    let enc = whole_in_one_encoding(&selected, &prefs)?;
     let av = api_version(&info);
     let kind = kind_of(&objects, &info.resource, &kind_hint)?;
     // What this watch has shown, so a later change is ADDED, MODIFIED or DELETED.
     let mut shown = Shown(
-        live.iter()
+        selected
+            .iter()
             .filter_map(|l| {
                 let item = l.pick(enc)?;
                 Some((
@@ -1028,10 +985,10 @@ async fn watch(
                 _ = tx.closed() => return,
                 changed = changes.recv() => match changed {
                     Ok(c) if info.namespace.is_empty() || c.namespace == info.namespace => {
-                        let (store, credential) = (store.clone(), credential.clone());
+                        let (live, credential) = (live.clone(), credential.clone());
                         let items = if info.gvr_is(&c.gvr) {
                             run_blocking(move || {
-                                live_object(&store, &credential, &c.gvr, &c.namespace, &c.name, enc)
+                                live_object(&live, &credential, &c.gvr, &c.namespace, &c.name, enc)
                             })
                             .await
                             .map(|item| item.into_iter().collect())
@@ -1042,7 +999,7 @@ async fn watch(
                             let sel = sel.clone();
                             run_blocking(move || {
                                 let (objects, _, _) =
-                                    scope_objects(&store, &narrowed, &credential, &sel)?;
+                                    scope_objects(&live, &narrowed, &credential, &sel)?;
                                 Ok(objects
                                     .iter()
                                     .filter(|l| !l.deleted)
@@ -1096,10 +1053,11 @@ async fn watch(
 }
 
 /// The objects an offline watch has shown, with a digest of each as last sent.
-struct Shown(HashMap<(String, String), u64>);
+#[derive(Default)]
+pub(crate) struct Shown(HashMap<(String, String), u64>);
 
 impl Shown {
-    fn digest(item: &Item) -> u64 {
+    pub(crate) fn digest(item: &Item) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         item.body.hash(&mut h);
@@ -1108,7 +1066,7 @@ impl Shown {
 
     /// The event that tells the watch of `item` as it is served now (`selected`: whether
     /// the watch's selector takes it), if it is news; and notes it as shown.
-    fn change(&mut self, item: &Item, selected: bool) -> Option<&'static str> {
+    pub(crate) fn change(&mut self, item: &Item, selected: bool) -> Option<&'static str> {
         let id = (item.namespace.clone(), item.name.clone());
         let was = self.0.get(&id).copied();
         let digest = Shown::digest(item);
@@ -1131,14 +1089,14 @@ impl Shown {
 /// One object as `credential` is served it now, in `enc`, if it is served from the node's
 /// live state (None: not this credential's, or the cloud's copy).
 fn live_object(
-    store: &Store,
+    live: &LiveState,
     credential: &str,
     gvr: &str,
     namespace: &str,
     name: &str,
     enc: Encoding,
 ) -> Result<Option<Item>, String> {
-    let (objects, _) = one_object(store, credential, gvr, namespace, name)?;
+    let (objects, _) = one_object(live, credential, gvr, namespace, name)?;
     Ok(objects
         .first()
         .filter(|l| l.live)

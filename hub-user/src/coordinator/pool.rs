@@ -27,9 +27,9 @@ use tokio::sync::watch;
 
 use super::{
     election::{Election, Lease},
-    endpoints,
+    endpoints as members,
     gc::{self, GcStatus},
-    leader,
+    leader, live_pods,
     owned::Owned,
     storage::{self, Limits, Object, Resource, Storage, resource_of},
     watch as coordinator_watch,
@@ -43,6 +43,7 @@ use crate::{
         store::{self, ObjectKey, Record},
     },
     config::Config,
+    live::{endpoints, state::LiveState},
     proxy::request::RequestInfo,
     upstream::Cloud,
 };
@@ -125,6 +126,9 @@ pub struct Pool {
     synced: Mutex<HashMap<String, (bool, Instant)>>,
     /// Lives of the coordinator seen (first start, then one per rebuild).
     lives: AtomicU64,
+    /// The node's live state: what the pool's EndpointSlices and Endpoints are served
+    /// following (this node's pods and those the other hubs share).
+    live: OnceLock<Arc<LiveState>>,
 }
 
 /// What a pushed set was: it is pushed again when the objects or a version changed, and
@@ -210,6 +214,7 @@ impl Pool {
             status: Mutex::new(status),
             synced: Mutex::new(HashMap::new()),
             lives: AtomicU64::new(0),
+            live: OnceLock::new(),
         }
     }
 
@@ -662,7 +667,7 @@ impl Pool {
                     .unwrap_or_else(|p| p.into_inner())
                     .members_down = down;
             };
-            tokio::spawn(endpoints::tend(
+            tokio::spawn(members::tend(
                 client.clone(),
                 c.endpoints.clone(),
                 tls,
@@ -676,18 +681,33 @@ impl Pool {
             };
             tokio::spawn(gc::run(self.clone(), schedule, stop.clone()));
         }
+        let _ = self.live.set(cache.live().clone());
         let mut pushed = HashMap::new();
         let (mut life, mut generation, mut member) = (None, None, None);
+        let mut sharing = live_pods::Sharing::default();
         loop {
-            let client = self.storage.get().map(|(c, _)| c.clone());
-            let result = match client {
-                Some(c) => self.keep_membership(&c, &mut member).await,
+            let client = self
+                .storage
+                .get()
+                .map(|(c, s)| (c.clone(), s.max_txn_ops()));
+            let result = match &client {
+                Some((c, _)) => self.keep_membership(c, &mut member).await,
                 None => Ok(()),
             };
-            match result.and(
-                self.sync_once(&cache, &mut pushed, &mut life, &mut generation)
-                    .await,
-            ) {
+            let pushed_all = self
+                .sync_once(&cache, &mut pushed, &mut life, &mut generation)
+                .await;
+            // The node's live pod state goes to the pool even when a push failed.
+            let shared = match (&client, &member) {
+                (Some((c, max_ops)), Some(lease)) => {
+                    let (pool, node) = (self.pool_name(), &self.config.node_name);
+                    sharing
+                        .round(c, &pool, node, lease.id, *max_ops, cache.live())
+                        .await
+                }
+                _ => Ok(()),
+            };
+            match result.and(pushed_all).and(shared) {
                 Ok(()) => self.pushes_ok(),
                 Err(e) => self.set_push_error(e),
             }
@@ -737,9 +757,11 @@ impl Pool {
             group: info.group.clone(),
             resource: info.resource.clone(),
         };
+        // EndpointSlices and Endpoints follow the pods as this node knows them now.
+        let follows = endpoints::Kind::of(&gvr).zip(self.live.get().cloned());
         if info.verb == "watch" {
             return coordinator_watch::serve(
-                storage, resource, info, query, accept, source, keep_open,
+                storage, resource, info, query, accept, source, keep_open, follows,
             )
             .await;
         }
@@ -749,10 +771,17 @@ impl Pool {
         if values.is_empty() && !leader_data_only {
             return Err(format!("the pool holds no {}", info.resource));
         }
-        let items: Vec<Item> = values
+        let mut items: Vec<Item> = values
             .iter()
             .filter_map(|v| coordinator_watch::parse_stored(&info.resource, v))
             .collect();
+        let mut rv = rv;
+        if let Some((kind, live)) = follows {
+            let ns = (!info.namespace.is_empty()).then_some(info.namespace.as_str());
+            if let Some(floor) = live_pods::follow(&live, &storage, kind, ns, &mut items).await {
+                rv = rv.min(floor);
+            }
+        }
         if info.verb == "get" && items.is_empty() {
             return Ok(crate::proxy::forward::status(
                 hyper::StatusCode::NOT_FOUND,

@@ -9,11 +9,16 @@
 //!
 //! An adjusted object is served with a resourceVersion below the cloud's one it came from,
 //! lower by the writes of the pods that changed it, for the reason `crate::live` gives.
-use std::collections::HashMap;
+use std::{
+    borrow::Cow,
+    collections::{BTreeSet, HashMap},
+};
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::Entry;
+use crate::cache::objects::{self, Encoding, Item};
 
 /// The gvr of pods, EndpointSlices and Endpoints, as `RequestInfo::gvr` writes them.
 pub const PODS: &str = "/v1/pods";
@@ -62,8 +67,8 @@ impl Kind {
     }
 }
 
-/// A pod as the node knows it now.
-#[derive(Debug, Clone, PartialEq)]
+/// A pod as the node knows it now (also what a node shares of its pods with its pool).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PodNow {
     uid: String,
     ips: Vec<String>,
@@ -110,6 +115,11 @@ impl PodNow {
         }
     }
 
+    /// The node it runs on, if scheduled.
+    pub fn node_name(&self) -> Option<&str> {
+        self.node_name.as_deref()
+    }
+
     /// Whether a controller keeps it among a service's endpoints: the endpointslice
     /// controller keeps terminating pods (marked so), the endpoints controller only where
     /// the service publishes pods that are not ready.
@@ -130,9 +140,12 @@ fn text(v: &Value) -> &str {
     v.as_str().unwrap_or_default()
 }
 
-/// The pods the node wrote while offline, by (namespace, name).
-#[derive(Debug, Default)]
-pub struct Pods(HashMap<(String, String), PodNow>);
+/// A pod's (namespace, name).
+pub type PodId = (String, String);
+
+/// The pods the node (or its pool) wrote while offline, by (namespace, name).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Pods(HashMap<PodId, PodNow>);
 
 impl Pods {
     pub fn from_entries<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Pods {
@@ -150,8 +163,39 @@ impl Pods {
         )
     }
 
+    /// These pods, and those of `others` (what other nodes of the pool shared) in
+    /// `namespace` (None: all) that are not among them: a node's own writes are the
+    /// freshest word on its pods.
+    pub fn and_others(mut self, others: &Pods, namespace: Option<&str>) -> Pods {
+        for (id, pod) in &others.0 {
+            if namespace.is_none_or(|ns| ns == id.0) && !self.0.contains_key(id) {
+                self.0.insert(id.clone(), pod.clone());
+            }
+        }
+        self
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&PodId, &PodNow)> {
+        self.0.iter()
+    }
+
+    /// The pods whose state differs between `self` and `other` (added, changed or gone).
+    pub fn differing<'a>(&'a self, other: &'a Pods) -> impl Iterator<Item = &'a PodId> {
+        let changed = self
+            .0
+            .iter()
+            .filter(move |(id, p)| other.0.get(*id) != Some(p));
+        let gone = other.0.keys().filter(move |id| !self.0.contains_key(*id));
+        changed.map(|(id, _)| id).chain(gone)
+    }
+
+    /// The namespaces these pods are in.
+    pub fn namespaces(&self) -> BTreeSet<&str> {
+        self.0.keys().map(|(ns, _)| ns.as_str()).collect()
     }
 
     /// Whether `body` (an object of `namespace`, in either encoding) may name one of the
@@ -174,6 +218,70 @@ impl Pods {
             .get(&(ns.to_string(), text(&target_ref["name"]).to_string()))?;
         let uid = text(&target_ref["uid"]);
         (uid.is_empty() || pod.uid.is_empty() || uid == pod.uid).then_some(pod)
+    }
+}
+
+impl FromIterator<(PodId, PodNow)> for Pods {
+    fn from_iter<I: IntoIterator<Item = (PodId, PodNow)>>(iter: I) -> Pods {
+        Pods(iter.into_iter().collect())
+    }
+}
+
+/// The objects of one answer (a list, a watch's scope) as their controllers would write them
+/// from `pods`, each service's `publishNotReadyAddresses` looked up once.
+pub struct Follow<'a, P: FnMut(&str, &str) -> Option<bool>> {
+    kind: Kind,
+    pods: &'a Pods,
+    /// The service's `publishNotReadyAddresses`, if the node knows the service.
+    publish_of: P,
+    publish: HashMap<(String, String), Option<bool>>,
+}
+
+impl<'a, P: FnMut(&str, &str) -> Option<bool>> Follow<'a, P> {
+    pub fn new(kind: Kind, pods: &'a Pods, publish_of: P) -> Self {
+        Follow {
+            kind,
+            pods,
+            publish_of,
+            publish: HashMap::new(),
+        }
+    }
+
+    /// `held` (an object of this kind as the cloud wrote it, in either encoding) as its
+    /// controller would write it now, in JSON; None when nothing changes. `json` gives the
+    /// object in JSON; it is asked only of objects that may name one of the pods.
+    pub fn adjusted<'b>(
+        &mut self,
+        held: &Item,
+        json: impl FnOnce() -> Option<Cow<'b, Item>>,
+    ) -> Option<Item> {
+        if self.pods.is_empty() || !self.pods.named_in(&held.namespace, &held.body) {
+            return None;
+        }
+        let obj = serde_json::from_slice::<Value>(&json()?.body).ok()?;
+        let service = (
+            held.namespace.clone(),
+            self.kind.service_of(&obj).to_string(),
+        );
+        let publishes = match self.publish.get(&service) {
+            Some(p) => *p,
+            None => {
+                let p = if service.1.is_empty() {
+                    None
+                } else {
+                    (self.publish_of)(&service.0, &service.1)
+                };
+                self.publish.insert(service, p);
+                p
+            }
+        };
+        let adjusted = adjust(self.kind, &obj, self.pods, publishes)?;
+        objects::from_json(self.kind.resource(), adjusted, "", "").ok()
+    }
+
+    /// [`Follow::adjusted`] for an object held in one encoding only.
+    pub fn adjusted_item(&mut self, held: &Item) -> Option<Item> {
+        self.adjusted(held, || held.in_encoding(Encoding::Json))
     }
 }
 
@@ -487,5 +595,28 @@ mod tests {
         let mut user_made = cloud.clone();
         user_made["metadata"]["labels"] = json!({});
         assert_eq!(adjust(Kind::Endpoints, &user_made, &pods, None), None);
+    }
+
+    #[test]
+    fn a_node_s_own_writes_win_over_what_the_pool_shares_and_changes_are_named() {
+        let own: Pods = [pod("web-0", "198.51.100.20", true, 2)]
+            .into_iter()
+            .collect();
+        let shared: Pods = [
+            pod("web-0", "192.0.2.10", false, 1),
+            pod("web-1", "198.51.100.21", true, 1),
+        ]
+        .into_iter()
+        .collect();
+        let both = own.clone().and_others(&shared, Some("shop"));
+        let ip = |p: &Pods, n: &str| p.0[&("shop".to_string(), n.to_string())].ips.clone();
+        assert_eq!(ip(&both, "web-0"), ["198.51.100.20"], "the node's own word");
+        assert_eq!(ip(&both, "web-1"), ["198.51.100.21"]);
+        assert!(own.clone().and_others(&shared, Some("other")).0.len() == 1);
+        let mut changed: Vec<&PodId> = both.differing(&own).collect();
+        changed.sort();
+        assert_eq!(changed, [&("shop".to_string(), "web-1".to_string())]);
+        let gone: Vec<&PodId> = own.differing(&both).collect();
+        assert_eq!(gone, [&("shop".to_string(), "web-1".to_string())]);
     }
 }

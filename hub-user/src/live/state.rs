@@ -1,12 +1,17 @@
 //! The node's live state as the cache's store holds it: a write of the node folded into its
 //! object's entry (and queued) in one transaction, the entries read back for serving, and
 //! the news of a change for open watches.
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use super::{Changed, Entry, Refusal, Write, patch::PatchType, replay_as};
+use super::{
+    Changed, Entry, Refusal, Write,
+    endpoints::{self, Pods},
+    patch::PatchType,
+    replay_as,
+};
 use crate::{
     cache::{
         objects::{Encoding, Item},
@@ -26,6 +31,8 @@ pub enum NotTaken {
 pub struct LiveState {
     store: Arc<Store>,
     changes: broadcast::Sender<Changed>,
+    /// The pods other nodes of the pool wrote offline, as they shared them last.
+    others: Mutex<Arc<Pods>>,
 }
 
 /// One write of the node, as it arrived.
@@ -79,6 +86,49 @@ impl LiveState {
         LiveState {
             store,
             changes: broadcast::channel(1024).0,
+            others: Mutex::new(Arc::default()),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// The pods this node wrote offline.
+    pub fn own_pods(&self) -> Result<Pods, StoreError> {
+        Ok(Pods::from_entries(&held(
+            &self.store,
+            endpoints::PODS,
+            None,
+            None,
+        )?))
+    }
+
+    /// The pods of `namespace` (None: all) as the node knows them now: its own writes, and
+    /// what other nodes of its pool shared of theirs.
+    pub fn pods(&self, namespace: Option<&str>) -> Result<Pods, StoreError> {
+        let own = Pods::from_entries(&held(&self.store, endpoints::PODS, namespace, None)?);
+        let others = self
+            .others
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        Ok(own.and_others(&others, namespace))
+    }
+
+    /// Takes what the other nodes of the pool share now; open watches hear of every pod
+    /// whose shared state changed (their slices may follow it).
+    pub fn share_others(&self, now: Pods) {
+        let before = std::mem::replace(
+            &mut *self.others.lock().unwrap_or_else(|p| p.into_inner()),
+            Arc::new(now.clone()),
+        );
+        for (namespace, name) in now.differing(&before) {
+            let _ = self.changes.send(Changed {
+                gvr: endpoints::PODS.to_string(),
+                namespace: namespace.clone(),
+                name: name.clone(),
+            });
         }
     }
 
