@@ -427,8 +427,13 @@ pub fn render(s: &StatusReport) -> String {
             if c.offline_accepted + c.queued > 0 {
                 let _ = writeln!(
                     out,
-                    "  offline writes: {} accepted, {} queued, {} replayed, {} superseded by newer ones, {} not replayable",
-                    c.offline_accepted, c.queued, c.replayed, c.superseded, c.replay_dropped
+                    "  offline writes: {} accepted, {} queued, {} replayed, {} superseded by newer ones, {} not replayable, {} events expired",
+                    c.offline_accepted,
+                    c.queued,
+                    c.replayed,
+                    c.superseded,
+                    c.replay_dropped,
+                    c.expired
                 );
             }
             if let Some(e) = &c.last_error {

@@ -161,6 +161,11 @@ pub struct CacheConfig {
     /// Components (User-Agent's first word, lowercase) whose answers are cached.
     #[serde(default = "default_cache_components")]
     pub components: Vec<String>,
+    /// Events the node records offline are dropped (and counted) once their last
+    /// sighting is older than this: the cloud's event TTL (kube-apiserver's --event-ttl,
+    /// 1 h by default) would have removed them anyway.
+    #[serde(default = "default_event_ttl_seconds")]
+    pub event_ttl_seconds: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -243,6 +248,9 @@ fn default_admin() -> SocketAddr {
 fn default_cache_dir() -> PathBuf {
     "/var/lib/hub".into()
 }
+fn default_event_ttl_seconds() -> u64 {
+    3600
+}
 fn default_cache_components() -> Vec<String> {
     crate::cache::DEFAULT_COMPONENTS.map(String::from).to_vec()
 }
@@ -324,6 +332,7 @@ impl Default for CacheConfig {
             dir: default_cache_dir(),
             enabled: true,
             components: default_cache_components(),
+            event_ttl_seconds: default_event_ttl_seconds(),
         }
     }
 }

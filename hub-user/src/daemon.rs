@@ -308,6 +308,7 @@ pub async fn run(
                 tokio::spawn(crate::cache::offline::replay_forever(
                     c.clone(),
                     cloud.clone(),
+                    std::time::Duration::from_secs(config.cache.event_ttl_seconds),
                     stop_rx.clone(),
                 ));
                 Some(c)

@@ -81,6 +81,7 @@ impl Collector for CacheCollector {
                     ("replayed", s.replayed),
                     ("dropped", s.replay_dropped),
                     ("superseded", s.superseded),
+                    ("expired", s.expired),
                 ],
             ),
         ];

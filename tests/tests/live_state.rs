@@ -252,3 +252,134 @@ fn the_kubelet_reads_back_its_offline_status_writes_and_the_cloud_gets_one_write
         "two writes of each folded away"
     );
 }
+
+/// Events the kubelet records offline fold as its event recorder writes them: the create
+/// of an event and every later patch of its count, lastTimestamp and message (the
+/// recorder's `{"count","lastTimestamp","message"}` two-way patch) become one create, a
+/// repeating event recorded before the outage one patch; an event whose last sighting
+/// grew older than the cloud's event TTL is dropped and counted, never sent.
+#[test]
+fn offline_events_fold_into_one_write_each_and_expired_ones_are_dropped() {
+    use hub_tests::apiserver::time::rfc3339;
+    let s = Setup::new(&["kubelet"]);
+    let store = &s.cloud.state.store;
+    seed::base(store);
+    seed::namespace(store, "ns1");
+    seed::node(store, NODE);
+    let hub = s.start_hub();
+    let kubelet = s.kubelet();
+    let admin = Client::new(s.cloud.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
+    let events = "/api/v1/namespaces/ns1/events";
+    // One the kubelet recorded while the cloud was up: it repeats offline.
+    let before = json!({"metadata": {"name": "p-0.before", "namespace": "ns1"},
+        "involvedObject": {"kind": "Pod", "name": "p-0", "namespace": "ns1"},
+        "reason": "BackOff", "message": "back-off restarting", "type": "Warning",
+        "source": {"component": "kubelet", "host": NODE}, "count": 4});
+    assert_eq!(admin.send_json("POST", events, &before).status, 201);
+    s.cloud_down(&hub);
+
+    let send = |method: &str, path: &str, ct: &str, body: &Value| {
+        let r = kubelet
+            .request(
+                method,
+                path,
+                &[("User-Agent", KUBELET), ("Content-Type", ct)],
+                &serde_json::to_vec(body).unwrap(),
+            )
+            .unwrap();
+        (r.status, r.json())
+    };
+    let now = hub_tests::apiserver::time::now_unix();
+    let event = |name: &str, reason: &str, seen: u64| {
+        json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": "ns1"},
+            "involvedObject": {"kind": "Pod", "name": "p-1", "namespace": "ns1"},
+            "reason": reason, "message": format!("{reason} p-1"), "type": "Normal",
+            "source": {"component": "kubelet", "host": NODE},
+            "firstTimestamp": rfc3339(seen), "lastTimestamp": rfc3339(seen), "count": 1})
+    };
+    let (code, made) = send(
+        "POST",
+        events,
+        "application/json",
+        &event("p-1.pulled", "Pulled", now - 60),
+    );
+    assert_eq!(code, 201, "{made}");
+    assert_eq!(made["metadata"]["name"], "p-1.pulled");
+    // The recorder patches what repeats.
+    for count in 2..=5u64 {
+        let p = json!({"count": count, "lastTimestamp": rfc3339(now - 60 + count),
+            "message": format!("Pulled p-1 ({count})")});
+        let (code, got) = send(
+            "PATCH",
+            &format!("{events}/p-1.pulled"),
+            "application/strategic-merge-patch+json",
+            &p,
+        );
+        assert_eq!((code, &got["count"]), (200, &json!(count)), "{got}");
+        let p = json!({"count": 4 + count, "lastTimestamp": rfc3339(now - 30 + count)});
+        let (code, got) = send(
+            "PATCH",
+            &format!("{events}/p-0.before"),
+            "application/strategic-merge-patch+json",
+            &p,
+        );
+        assert_eq!(code, 200, "{got}");
+    }
+    // Last seen two hours ago: the cloud would have let it expire.
+    let (code, _) = send(
+        "POST",
+        events,
+        "application/json",
+        &event("p-1.stale", "Created", now - 7200),
+    );
+    assert_eq!(code, 201);
+    let queued = hub.status()["cache"]["queued"].clone();
+    assert_eq!(queued, 3, "one write per event");
+
+    let seen = s.cloud.audit().len();
+    s.cloud.start_listening().unwrap();
+    let cache = wait_for("the queue to drain", Duration::from_secs(30), || {
+        let c = hub.status()["cache"].clone();
+        (c["queued"] == 0).then_some(c)
+    });
+    assert_eq!(
+        (cache["expired"].as_u64(), cache["replay_dropped"].as_u64()),
+        (Some(1), Some(0)),
+        "{cache}"
+    );
+    let pulled = admin.get(&format!("{events}/p-1.pulled")).json();
+    assert_eq!(
+        (
+            &pulled["count"],
+            &pulled["message"],
+            &pulled["lastTimestamp"]
+        ),
+        (
+            &json!(5),
+            &json!("Pulled p-1 (5)"),
+            &json!(rfc3339(now - 55))
+        ),
+        "{pulled}"
+    );
+    let before = admin.get(&format!("{events}/p-0.before")).json();
+    assert_eq!(
+        (&before["count"], &before["lastTimestamp"]),
+        (&json!(9), &json!(rfc3339(now - 25))),
+        "{before}"
+    );
+    assert_eq!(admin.get(&format!("{events}/p-1.stale")).status, 404);
+    let writes: Vec<String> = s.cloud.audit()[seen..]
+        .iter()
+        .filter(|a| a.path.contains("/events") && a.method != "GET")
+        .map(|a| format!("{} {}", a.method, a.path))
+        .collect();
+    assert_eq!(
+        writes,
+        [
+            format!("POST {events}"),
+            format!("PATCH {events}/p-0.before")
+        ],
+        "one write per event, in the order they were first written"
+    );
+}

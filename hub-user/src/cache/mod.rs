@@ -117,6 +117,9 @@ pub struct CacheStatus {
     /// Queued writes a newer one of the same object superseded (never sent).
     #[serde(default)]
     pub superseded: u64,
+    /// Offline events dropped once older than the event TTL.
+    #[serde(default)]
+    pub expired: u64,
     pub last_error: Option<String>,
 }
 
@@ -417,6 +420,7 @@ impl Cache {
             replayed: s.replayed.load(Relaxed),
             replay_dropped: s.replay_dropped.load(Relaxed),
             superseded: s.superseded.load(Relaxed),
+            expired: s.expired.load(Relaxed),
             last_error: s
                 .last_error
                 .lock()

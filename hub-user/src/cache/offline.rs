@@ -185,9 +185,6 @@ fn result_of(
             .map_err(|e| Refused::Unavailable(e.to_string()))?
         {
             Some(c) => c,
-            // An event the node recorded before the hub saw it (kubelet bumps its count
-            // by a patch): the patch still goes to the cloud; answer with what it says.
-            None if is_event(info) => bare_event(info),
             None => {
                 return Err(Refused::Unavailable(format!(
                     "{} {}/{} is not in the local cache, so a patch cannot be answered offline",
@@ -195,11 +192,9 @@ fn result_of(
                 )));
             }
         };
-        // An event held only in protobuf is answered as it is and catches up when the
-        // cloud answers the replay.
-        if current.encoding != Encoding::Json {
-            return Ok((StatusCode::OK, current, false));
-        }
+        let current = current
+            .in_encoding(Encoding::Json)
+            .ok_or_else(|| bad(format!("{} cannot be read as JSON", info.resource)))?;
         let mut obj: Value = serde_json::from_slice(&current.body)
             .map_err(|e| bad(format!("cached object: {e}")))?;
         let p: Value = serde_json::from_slice(body).map_err(|e| bad(format!("patch body: {e}")))?;
@@ -225,31 +220,6 @@ fn result_of(
         StatusCode::OK
     };
     Ok((code, item, true))
-}
-
-/// An event known only by its name: what a patch of it is applied to offline.
-fn bare_event(info: &RequestInfo) -> Item {
-    let api_version = if info.group.is_empty() {
-        info.version.clone()
-    } else {
-        format!("{}/{}", info.group, info.version)
-    };
-    Item {
-        name: info.name.clone(),
-        namespace: info.namespace.clone(),
-        rv: 0,
-        labels: vec![],
-        fields: vec![],
-        api_version: api_version.clone(),
-        kind: "Event".into(),
-        encoding: Encoding::Json,
-        body: serde_json::to_vec(&serde_json::json!({
-            "kind": "Event",
-            "apiVersion": api_version,
-            "metadata": {"name": info.name, "namespace": info.namespace},
-        }))
-        .unwrap_or_default(),
-    }
 }
 
 /// A node registration while the cloud is unreachable: the cloud answers `409
@@ -328,22 +298,21 @@ impl Cache {
             if super::tokens::is_token_request(&info) {
                 return me.token_offline(&info, &content_type, &body);
             }
-            let (code, item) = if live::replay_as(&info).is_some() {
-                match me.take_live(&info, &queued, &body) {
-                    Ok((item, queued)) => {
-                        me.note_queued(store::Enqueued { queued, dropped: 0 }, behind_replay);
-                        (StatusCode::OK, item)
-                    }
-                    Err(refused) => return refused.response(),
+            let kept = match live::replay_as(&info) {
+                Some(_) => me.take_live(&info, &queued, &body),
+                None => Ok(None),
+            };
+            let taken = match kept {
+                Ok(Some(taken)) => Ok(taken),
+                Ok(None) => me.queue_one(&info, &queued, &content_type, &component, &body),
+                Err(refused) => Err(refused),
+            };
+            let (code, item) = match taken {
+                Ok((code, item, done)) => {
+                    me.note_queued(done, behind_replay);
+                    (code, item)
                 }
-            } else {
-                match me.queue_one(&info, &queued, &content_type, &component, &body) {
-                    Ok((code, item, done)) => {
-                        me.note_queued(done, behind_replay);
-                        (code, item)
-                    }
-                    Err(refused) => return refused.response(),
-                }
+                Err(refused) => return refused.response(),
             };
             let item = serve::accepted(&accept)
                 .into_iter()
@@ -368,25 +337,27 @@ impl Cache {
     }
 
     /// A write of an object the node keeps live: folded into its entry, which the node's
-    /// clients are served from now on and which one outbox row replays.
+    /// clients are served from now on and which one outbox row replays. None: not kept
+    /// live after all (queue it as it is).
     fn take_live(
         &self,
         info: &RequestInfo,
         q: &Queued,
         body: &[u8],
-    ) -> Result<(Item, u64), Refused> {
+    ) -> Result<Option<(StatusCode, Item, store::Enqueued)>, Refused> {
         let path = q.path_and_query.split('?').next().unwrap_or_default();
-        let row = Queued {
-            method: q.method.clone(),
-            path_and_query: path.to_string(),
-            content_type: String::new(),
-            component: q.component.clone(),
-            body: String::new(),
-            live: Some(
-                String::from_utf8_lossy(&live::key(&info.gvr(), &info.namespace, &info.name))
-                    .into_owned(),
-            ),
-            accept: None,
+        // The row names the entry it replays (by the entry's key).
+        let row = |key: &[u8]| {
+            let row = Queued {
+                method: q.method.clone(),
+                path_and_query: path.to_string(),
+                content_type: String::new(),
+                component: q.component.clone(),
+                body: String::new(),
+                live: Some(String::from_utf8_lossy(key).into_owned()),
+                accept: None,
+            };
+            serde_json::to_vec(&row).unwrap_or_default()
         };
         let write = NodeWrite {
             info,
@@ -395,36 +366,43 @@ impl Cache {
             component: &q.component,
             body,
         };
-        let raw = serde_json::to_vec(&row).unwrap_or_default();
-        let (entry, queued) = self
-            .live
-            .take(&write, &raw, MAX_QUEUED)
-            .map_err(|e| match e {
-                NotTaken::Refused(Refusal::BadRequest(m)) => Refused::BadRequest(m),
-                NotTaken::Refused(Refusal::Immutable { kind, field, value }) => {
-                    // As kube-apiserver's validation words it (it lists the cause twice
-                    // for a pod's status; once is what it means).
-                    let why = format!("Invalid value: {value:?}: field is immutable");
-                    Refused::Invalid(
-                        format!("{kind} {:?} is invalid: {field}: {why}", info.name),
-                        StatusDetails {
-                            name: info.name.clone(),
-                            group: info.group.clone(),
-                            kind,
-                            causes: vec![StatusCause {
-                                reason: "FieldValueInvalid".into(),
-                                message: why,
-                                field: field.into(),
-                            }],
-                        },
-                    )
-                }
-                NotTaken::Unavailable(m) => Refused::Unavailable(m),
-            })?;
+        let budget = is_event(info).then_some(EVENT_BUDGET);
+        let taken = self.live.take(&write, row, MAX_QUEUED, budget);
+        if let Err(NotTaken::NotKept) = taken {
+            return Ok(None);
+        }
+        let (entry, done) = taken.map_err(|e| match e {
+            NotTaken::Refused(Refusal::BadRequest(m)) => Refused::BadRequest(m),
+            NotTaken::Refused(Refusal::Immutable { kind, field, value }) => {
+                // As kube-apiserver's validation words it (it lists the cause twice
+                // for a pod's status; once is what it means).
+                let why = format!("Invalid value: {value:?}: field is immutable");
+                Refused::Invalid(
+                    format!("{kind} {:?} is invalid: {field}: {why}", info.name),
+                    StatusDetails {
+                        name: info.name.clone(),
+                        group: info.group.clone(),
+                        kind,
+                        causes: vec![StatusCause {
+                            reason: "FieldValueInvalid".into(),
+                            message: why,
+                            field: field.into(),
+                        }],
+                    },
+                )
+            }
+            NotTaken::Unavailable(m) => Refused::Unavailable(m),
+            NotTaken::NotKept => Refused::Unavailable("this write cannot be kept".into()),
+        })?;
         let item = entry.served().ok_or_else(|| {
             Refused::BadRequest("the written object is not a Kubernetes object".into())
         })?;
-        Ok((item, queued))
+        let code = if info.verb == "create" {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        };
+        Ok(Some((code, item, done)))
     }
 
     /// Any other write: one outbox row of its own, and the object it answers kept as the
@@ -730,14 +708,7 @@ async fn settle(cache: &Arc<Cache>, seq: u64, key: Option<&[u8]>, sent: Option<&
             if now.writes == sent.writes {
                 return None;
             }
-            Some(
-                Entry {
-                    base: sent.state,
-                    writes: now.writes - sent.writes,
-                    ..now
-                }
-                .encode(),
-            )
+            Some(now.after_sent(sent).encode())
         })
     })
     .await;
@@ -763,9 +734,51 @@ struct Retrying {
     backoff: Duration,
 }
 
-/// Replays queued writes in order whenever the cloud is healthy, until `stop`.
-pub async fn replay_forever(cache: Arc<Cache>, cloud: Arc<Cloud>, mut stop: watch::Receiver<bool>) {
+/// How often queued events are checked against the event TTL (and always once before
+/// the replay starts).
+const EXPIRY_EVERY: Duration = Duration::from_secs(30);
+
+impl Cache {
+    /// Drops the queued events whose last sighting is older than `ttl` (entry and row);
+    /// returns how many.
+    fn drop_expired_events(&self, ttl: Duration) -> Result<u64, store::StoreError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = store::now();
+        let mut expired = std::collections::HashSet::new();
+        for gvr in ["/v1/events", "events.k8s.io/v1/events"] {
+            for e in live::state::held(&self.store, gvr, None, None)? {
+                if e.expired_event(now, ttl.as_secs()) {
+                    expired.insert(String::from_utf8_lossy(&e.key()).into_owned());
+                }
+            }
+        }
+        if expired.is_empty() {
+            return Ok(0);
+        }
+        let (rows, _) = self.store.remove_queued_where(|_, raw| {
+            let key = serde_json::from_slice::<Queued>(raw).ok()?.live?;
+            expired.contains(&key).then(|| Some(key.into_bytes()))
+        })?;
+        self.stats.expired.fetch_add(rows, Relaxed);
+        tracing::info!(
+            expired = rows,
+            ttl_s = ttl.as_secs(),
+            "offline: queued events older than the event TTL dropped"
+        );
+        Ok(rows)
+    }
+}
+
+/// Replays queued writes in order whenever the cloud is healthy, until `stop`; events
+/// older than `event_ttl` are dropped rather than sent.
+pub async fn replay_forever(
+    cache: Arc<Cache>,
+    cloud: Arc<Cloud>,
+    event_ttl: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
     use std::sync::atomic::Ordering::Relaxed;
+    let mut expiry_checked: Option<std::time::Instant> = None;
     let mut retrying: Option<Retrying> = None;
     // Counts since the queue was last empty, for the "replay done" line.
     let (mut replayed, mut dropped) = (0u64, 0u64);
@@ -776,6 +789,16 @@ pub async fn replay_forever(cache: Arc<Cache>, cloud: Arc<Cloud>, mut stop: watc
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
             _ = stop.wait_for(|s| *s) => return,
+        }
+        let just_back = cloud.healthy() && back_since.is_none();
+        if just_back || expiry_checked.is_none_or(|t| t.elapsed() >= EXPIRY_EVERY) {
+            expiry_checked = Some(std::time::Instant::now());
+            let c = cache.clone();
+            if let Ok(Err(e)) =
+                tokio::task::spawn_blocking(move || c.drop_expired_events(event_ttl)).await
+            {
+                cache.stats.error(format!("outbox: {e}"));
+            }
         }
         if !cloud.healthy() {
             back_since = None;

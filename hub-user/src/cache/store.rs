@@ -46,6 +46,9 @@ const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
 /// sequence number → size; the row at [`BUDGET_TOTAL`] holds their total size.
 const EXPENDABLE: TableDefinition<u64, u64> = TableDefinition::new("outbox-expendable");
 const BUDGET_TOTAL: u64 = u64::MAX;
+/// The live entry (its key) an expendable row replays: it goes when the row is dropped.
+const EXPENDABLE_ENTRIES: TableDefinition<u64, &[u8]> =
+    TableDefinition::new("outbox-expendable-entries");
 /// The node's live state (`crate::live`): `gvr \0 namespace \0 name` → an object the node
 /// wrote while offline, with the writes folded in; each has one outbox row that replays it.
 const LIVE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("live");
@@ -601,6 +604,7 @@ impl Store {
         }
         txn.open_table(OUTBOX).map_err(db_err)?;
         txn.open_table(EXPENDABLE).map_err(db_err)?;
+        txn.open_table(EXPENDABLE_ENTRIES).map_err(db_err)?;
         txn.open_table(LIVE).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
         let store = Store {
@@ -1023,38 +1027,14 @@ impl Store {
         self.in_write(|txn| {
             let done = {
                 let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
-                let mut cheap = txn.open_table(EXPENDABLE).map_err(db_err)?;
-                let mut dropped = 0;
-                if let Some(budget) = expendable {
-                    // Make room by dropping the oldest expendable writes, never others.
-                    let size = write.len() as u64;
-                    let total_row = cheap.get(BUDGET_TOTAL).map_err(db_err)?.map(|v| v.value());
-                    let mut total = total_row.unwrap_or(0);
-                    let mut count = cheap.len().map_err(db_err)? - u64::from(total_row.is_some());
-                    while count > 0 && (count >= budget.count || total + size > budget.bytes) {
-                        let Some((seq, len)) = cheap
-                            .first()
-                            .map_err(db_err)?
-                            .map(|(k, v)| (k.value(), v.value()))
-                            .filter(|(k, _)| *k != BUDGET_TOTAL)
-                        else {
-                            break;
-                        };
-                        cheap.remove(seq).map_err(db_err)?;
-                        outbox.remove(seq).map_err(db_err)?;
-                        (count, total, dropped) = (count - 1, total - len, dropped + 1);
-                    }
-                    if size > budget.bytes {
-                        return Err(StoreError::Db(format!(
-                            "this write ({size} bytes) is larger than its queue's budget"
-                        )));
-                    }
-                    cheap.insert(BUDGET_TOTAL, total + size).map_err(db_err)?;
-                }
+                let dropped = match expendable {
+                    Some(budget) => make_room(txn, &mut outbox, write.len() as u64, budget)?,
+                    None => 0,
+                };
                 let len = outbox.len().map_err(db_err)?;
                 let next = append_row(&mut outbox, write, max)?;
                 if expendable.is_some() {
-                    cheap.insert(next, write.len() as u64).map_err(db_err)?;
+                    count_expendable(txn, next, write.len() as u64, None)?;
                 }
                 if let Some((key, item)) = update {
                     let rec = Record::live(item, false, now());
@@ -1106,7 +1086,7 @@ impl Store {
             {
                 let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
                 outbox.remove(seq).map_err(db_err)?;
-                forget_expendable(&mut txn.open_table(EXPENDABLE).map_err(db_err)?, seq)?;
+                forget_expendable(txn, seq)?;
                 self.queued
                     .store(outbox.len().map_err(db_err)?, Ordering::Relaxed);
             }
@@ -1133,11 +1113,10 @@ impl Store {
                         picked.push((k.value(), live));
                     }
                 }
-                let mut cheap = txn.open_table(EXPENDABLE).map_err(db_err)?;
                 let mut live = txn.open_table(LIVE).map_err(db_err)?;
                 for (seq, live_key) in picked {
                     outbox.remove(seq).map_err(db_err)?;
-                    forget_expendable(&mut cheap, seq)?;
+                    forget_expendable(txn, seq)?;
                     removed += 1;
                     if let Some(k) = live_key
                         && let Some(entry) = live.remove(k.as_slice()).map_err(db_err)?
@@ -1161,27 +1140,45 @@ impl Store {
         key: &[u8],
         row: &[u8],
         max: u64,
+        expendable: Option<Budget>,
         fold: impl FnOnce(Option<Vec<u8>>) -> Result<Vec<u8>, E>,
-    ) -> Result<Result<u64, E>, StoreError> {
+    ) -> Result<Result<Enqueued, E>, StoreError> {
         self.in_write(|txn| {
-            let len = {
-                let mut live = txn.open_table(LIVE).map_err(db_err)?;
-                let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
-                let held = live.get(key).map_err(db_err)?.map(|v| v.value().to_vec());
+            let done = {
+                let held = txn
+                    .open_table(LIVE)
+                    .map_err(db_err)?
+                    .get(key)
+                    .map_err(db_err)?
+                    .map(|v| v.value().to_vec());
                 let new_row = held.is_none();
                 let entry = match fold(held) {
                     Ok(e) => e,
                     Err(why) => return Ok(Err(why)),
                 };
+                let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
+                let mut dropped = 0;
                 if new_row {
-                    append_row(&mut outbox, row, max)?;
+                    let size = (row.len() + entry.len()) as u64;
+                    if let Some(budget) = expendable {
+                        dropped = make_room(txn, &mut outbox, size, budget)?;
+                    }
+                    let seq = append_row(&mut outbox, row, max)?;
+                    if expendable.is_some() {
+                        count_expendable(txn, seq, size, Some(key))?;
+                    }
                 }
-                let len = outbox.len().map_err(db_err)?;
-                live.insert(key, entry.as_slice()).map_err(db_err)?;
-                len
+                txn.open_table(LIVE)
+                    .map_err(db_err)?
+                    .insert(key, entry.as_slice())
+                    .map_err(db_err)?;
+                Enqueued {
+                    queued: outbox.len().map_err(db_err)?,
+                    dropped,
+                }
             };
-            self.queued.store(len, Ordering::Relaxed);
-            Ok(Ok(len))
+            self.queued.store(done.queued, Ordering::Relaxed);
+            Ok(Ok(done))
         })
     }
 
@@ -1235,6 +1232,7 @@ impl Store {
                         live.remove(key).map_err(db_err)?;
                         let mut outbox = txn.open_table(OUTBOX).map_err(db_err)?;
                         outbox.remove(seq).map_err(db_err)?;
+                        forget_expendable(txn, seq)?;
                         self.queued
                             .store(outbox.len().map_err(db_err)?, Ordering::Relaxed);
                     }
@@ -1277,8 +1275,81 @@ fn append_row(
     Ok(next)
 }
 
+/// Drops the oldest expendable rows (with the live entries they replay), never others,
+/// until one more of `size` bytes fits `budget`; returns how many went.
+fn make_room(
+    txn: &redb::WriteTransaction,
+    outbox: &mut redb::Table<u64, &[u8]>,
+    size: u64,
+    budget: Budget,
+) -> Result<u64, StoreError> {
+    if size > budget.bytes {
+        return Err(StoreError::Db(format!(
+            "this write ({size} bytes) is larger than its queue's budget"
+        )));
+    }
+    let mut cheap = txn.open_table(EXPENDABLE).map_err(db_err)?;
+    let mut entries = txn.open_table(EXPENDABLE_ENTRIES).map_err(db_err)?;
+    let mut live = txn.open_table(LIVE).map_err(db_err)?;
+    let total_row = cheap.get(BUDGET_TOTAL).map_err(db_err)?.map(|v| v.value());
+    let mut total = total_row.unwrap_or(0);
+    let mut count = cheap.len().map_err(db_err)? - u64::from(total_row.is_some());
+    let mut dropped = 0;
+    while count > 0 && (count >= budget.count || total + size > budget.bytes) {
+        let Some((seq, len)) = cheap
+            .first()
+            .map_err(db_err)?
+            .map(|(k, v)| (k.value(), v.value()))
+            .filter(|(k, _)| *k != BUDGET_TOTAL)
+        else {
+            break;
+        };
+        cheap.remove(seq).map_err(db_err)?;
+        outbox.remove(seq).map_err(db_err)?;
+        let key = entries
+            .remove(seq)
+            .map_err(db_err)?
+            .map(|k| k.value().to_vec());
+        if let Some(k) = key {
+            live.remove(k.as_slice()).map_err(db_err)?;
+        }
+        (count, total, dropped) = (count - 1, total.saturating_sub(len), dropped + 1);
+    }
+    cheap.insert(BUDGET_TOTAL, total).map_err(db_err)?;
+    Ok(dropped)
+}
+
+/// Counts row `seq` (`size` bytes, replaying the live entry `entry` if any) in the
+/// expendable writes' budget.
+fn count_expendable(
+    txn: &redb::WriteTransaction,
+    seq: u64,
+    size: u64,
+    entry: Option<&[u8]>,
+) -> Result<(), StoreError> {
+    let mut cheap = txn.open_table(EXPENDABLE).map_err(db_err)?;
+    let total = cheap
+        .get(BUDGET_TOTAL)
+        .map_err(db_err)?
+        .map_or(0, |v| v.value());
+    cheap.insert(BUDGET_TOTAL, total + size).map_err(db_err)?;
+    cheap.insert(seq, size).map_err(db_err)?;
+    if let Some(k) = entry {
+        txn.open_table(EXPENDABLE_ENTRIES)
+            .map_err(db_err)?
+            .insert(seq, k)
+            .map_err(db_err)?;
+    }
+    Ok(())
+}
+
 /// Takes a write that left the queue out of the expendable writes' budget, if it was one.
-fn forget_expendable(cheap: &mut redb::Table<u64, u64>, seq: u64) -> Result<(), StoreError> {
+fn forget_expendable(txn: &redb::WriteTransaction, seq: u64) -> Result<(), StoreError> {
+    txn.open_table(EXPENDABLE_ENTRIES)
+        .map_err(db_err)?
+        .remove(seq)
+        .map_err(db_err)?;
+    let mut cheap = txn.open_table(EXPENDABLE).map_err(db_err)?;
     let size = cheap.remove(seq).map_err(db_err)?.map(|v| v.value());
     if let Some(size) = size {
         let total = cheap
@@ -1782,6 +1853,39 @@ mod tests {
             s.enqueue(&[b'y'; 101], None, 100, Some(budget)).is_err(),
             "larger than the whole budget"
         );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn live_entries_of_expendable_rows_go_with_their_rows() {
+        let dir = temp();
+        let s = Store::open(&dir).unwrap();
+        let budget = Budget {
+            count: 2,
+            bytes: 1000,
+        };
+        let fold = |key: &str, state: &str| {
+            s.fold_live(key.as_bytes(), key.as_bytes(), 100, Some(budget), |_| {
+                Ok::<_, ()>(state.as_bytes().to_vec())
+            })
+            .unwrap()
+            .unwrap()
+        };
+        assert_eq!(fold("ev-a", "1").dropped, 0);
+        // A later write of the same entry rides on its row: nothing to make room for.
+        assert_eq!((fold("ev-a", "2").queued, fold("ev-b", "1").queued), (1, 2));
+        let done = fold("ev-c", "1");
+        assert_eq!((done.queued, done.dropped), (2, 1));
+        assert_eq!(
+            s.live(b"ev-a").unwrap(),
+            None,
+            "the oldest went, entry and row"
+        );
+        assert_eq!(s.live(b"ev-c").unwrap().as_deref(), Some(&b"1"[..]));
+        // A settled row gives its share back.
+        let (seq, _) = s.queued(1).unwrap().remove(0);
+        s.settle_live(seq, b"ev-b", |_| None).unwrap();
+        assert_eq!(fold("ev-d", "1").dropped, 0);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

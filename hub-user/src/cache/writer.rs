@@ -185,6 +185,9 @@ pub struct Stats {
     pub replay_dropped: AtomicU64,
     /// Queued writes a newer write of the same object made pointless: never sent.
     pub superseded: AtomicU64,
+    /// Events written offline whose last sighting grew older than the cloud's event TTL
+    /// before they could be sent: dropped, as the cloud would have let them expire.
+    pub expired: AtomicU64,
     pub last_error: Mutex<Option<String>>,
     /// When the last "writes queued" line was logged.
     pub queued_logged: Mutex<Option<Instant>>,

@@ -67,6 +67,9 @@ pub enum ReplayAs {
     Patch,
     /// The whole `state` (a lease renewal: the newest carries everything).
     Put,
+    /// The whole `state`, created: an event the node recorded offline, with every later
+    /// change of its recorder (count, lastTimestamp) folded in.
+    Create,
 }
 
 /// One write of the node, as its request carried it.
@@ -128,8 +131,48 @@ pub fn replay_as(info: &RequestInfo) -> Option<ReplayAs> {
     ) {
         ("", "pods" | "nodes", "status", "patch" | "update") if named => Some(ReplayAs::Patch),
         ("coordination.k8s.io", "leases", "", "update") if named => Some(ReplayAs::Put),
+        // Events, as the kubelet's recorder writes them: created, then patched (count,
+        // lastTimestamp) while they repeat.
+        ("" | "events.k8s.io", "events", "", "create") if !named => Some(ReplayAs::Create),
+        ("" | "events.k8s.io", "events", "", "patch") if named => Some(ReplayAs::Patch),
         _ => None,
     }
+}
+
+/// Whether `gvr` is events (core or events.k8s.io).
+pub fn is_events(gvr: &str) -> bool {
+    matches!(gvr, "/v1/events" | "events.k8s.io/v1/events")
+}
+
+/// When an event was last seen (Unix seconds): the newest of the times its recorder
+/// writes (either API's), None if it says none.
+pub fn event_last_seen(event: &Value) -> Option<u64> {
+    [
+        &event["lastTimestamp"],
+        &event["series"]["lastObservedTime"],
+        &event["deprecatedLastTimestamp"],
+        &event["eventTime"],
+        &event["firstTimestamp"],
+        &event["metadata"]["creationTimestamp"],
+    ]
+    .into_iter()
+    .filter_map(|t| crate::x509::rfc3339_to_unix(t.as_str()?))
+    .max()
+}
+
+/// An event known only by its name (one recorded before the hub saw it, patched offline
+/// as it repeats): what its patches apply to.
+pub fn bare_event(info: &RequestInfo) -> Value {
+    let api_version = if info.group.is_empty() {
+        info.version.clone()
+    } else {
+        format!("{}/{}", info.group, info.version)
+    };
+    serde_json::json!({
+        "kind": "Event",
+        "apiVersion": api_version,
+        "metadata": {"name": info.name, "namespace": info.namespace},
+    })
 }
 
 fn schema_of(obj: &Value) -> smp::At {
@@ -216,7 +259,7 @@ impl Entry {
     pub fn served_rv(&self) -> u64 {
         match self.replay {
             ReplayAs::Put => self.base_rv,
-            ReplayAs::Patch => below(self.base_rv, self.writes),
+            ReplayAs::Patch | ReplayAs::Create => below(self.base_rv, self.writes),
         }
     }
 
@@ -229,6 +272,31 @@ impl Entry {
         );
         let resource = self.gvr.rsplit('/').next().unwrap_or_default();
         objects::from_json(resource, v, "", "").ok()
+    }
+
+    /// The entry once the write it had queued was sent (as `sent`) while more came in:
+    /// what is left goes as a patch of what was sent, to the object itself.
+    pub fn after_sent(self, sent: Entry) -> Entry {
+        let (replay, path) = match sent.replay {
+            ReplayAs::Create => (
+                ReplayAs::Patch,
+                format!("{}/{}", sent.path.trim_end_matches('/'), sent.name),
+            ),
+            other => (other, self.path),
+        };
+        Entry {
+            writes: self.writes - sent.writes,
+            base: sent.state,
+            replay,
+            path,
+            ..self
+        }
+    }
+
+    /// An event whose last sighting is more than `ttl` seconds before `now`: the cloud
+    /// would have let it expire already.
+    pub fn expired_event(&self, now: u64, ttl: u64) -> bool {
+        is_events(&self.gvr) && event_last_seen(&self.state).is_some_and(|t| t + ttl < now)
     }
 
     /// Folds one more write in.
@@ -255,6 +323,17 @@ impl Entry {
     /// body); None when the writes cancel out.
     pub fn net_write(&self) -> Option<(Method, &'static str, Vec<u8>)> {
         match self.replay {
+            ReplayAs::Create => {
+                let mut body = self.state.clone();
+                body.get_mut("metadata")?
+                    .as_object_mut()?
+                    .remove("resourceVersion");
+                Some((
+                    Method::POST,
+                    "application/json",
+                    serde_json::to_vec(&body).ok()?,
+                ))
+            }
             ReplayAs::Put => {
                 let mut body = self.state.clone();
                 if let Some(rv) = self
@@ -405,5 +484,56 @@ mod tests {
         assert_eq!(e.state["status"]["phase"], "Running");
         assert_eq!(e.state["metadata"]["labels"]["new"], "label");
         assert_eq!(e.served_rv(), 54);
+    }
+
+    #[test]
+    fn an_event_created_offline_is_created_once_and_what_follows_its_send_is_a_patch() {
+        let created = json!({"kind": "Event", "apiVersion": "v1",
+            "metadata": {"name": "p.1", "namespace": "ns", "resourceVersion": "1"},
+            "reason": "Pulled", "count": 1, "firstTimestamp": "2026-12-06T10:00:00Z",
+            "lastTimestamp": "2026-12-06T10:00:00Z"});
+        let mut e = Entry {
+            gvr: "/v1/events".into(),
+            namespace: "ns".into(),
+            name: "p.1".into(),
+            path: "/api/v1/namespaces/ns/events".into(),
+            component: "kubelet".into(),
+            replay: ReplayAs::Create,
+            base: Value::Null,
+            base_rv: 0,
+            state: Value::Null,
+            writes: 0,
+            encoding: Encoding::Json,
+        };
+        e.fold(&Write::Whole(created)).unwrap();
+        let bump = json!({"count": 2, "lastTimestamp": "2026-12-06T10:05:00Z"});
+        e.fold(&Write::Patch(patch::PatchType::Strategic, &bump))
+            .unwrap();
+        let (method, _, body) = e.net_write().unwrap();
+        let sent: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(method, Method::POST);
+        assert_eq!(
+            (&sent["count"], &sent["reason"]),
+            (&json!(2), &json!("Pulled"))
+        );
+        assert!(sent["metadata"].get("resourceVersion").is_none(), "{sent}");
+        assert_eq!(
+            event_last_seen(&e.state),
+            crate::x509::rfc3339_to_unix("2026-12-06T10:05:00Z")
+        );
+        let t = event_last_seen(&e.state).unwrap();
+        assert!(!e.expired_event(t + 3600, 3600) && e.expired_event(t + 3601, 3600));
+        // Sent while the recorder bumped it again: the rest is a patch of the event.
+        let sent_entry = e.clone();
+        let bump = json!({"count": 3});
+        e.fold(&Write::Patch(patch::PatchType::Strategic, &bump))
+            .unwrap();
+        let rest = e.after_sent(sent_entry);
+        assert_eq!((rest.replay, rest.writes), (ReplayAs::Patch, 1));
+        assert_eq!(rest.path, "/api/v1/namespaces/ns/events/p.1");
+        let (method, _, body) = rest.net_write().unwrap();
+        assert_eq!(method, Method::PATCH);
+        let patch: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(patch, json!({"count": 3}));
     }
 }

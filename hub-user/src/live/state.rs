@@ -7,15 +7,15 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 use super::{
-    Changed, Entry, Refusal, Write,
+    Changed, Entry, Refusal, ReplayAs, Write,
     endpoints::{self, Pods},
     patch::PatchType,
     replay_as,
 };
 use crate::{
     cache::{
-        objects::{Encoding, Item},
-        store::{Store, StoreError},
+        objects::{self, Encoding, Item},
+        store::{Budget, Enqueued, Store, StoreError},
     },
     convert,
     proxy::request::RequestInfo,
@@ -23,6 +23,8 @@ use crate::{
 
 /// Why a write was not taken.
 pub enum NotTaken {
+    /// Not one the node keeps live (an event created without a name): queued as it is.
+    NotKept,
     Refused(Refusal),
     /// Nothing to apply it to, or the store failed: a 503 naming why.
     Unavailable(String),
@@ -138,9 +140,18 @@ impl LiveState {
 
     /// Takes one write of the node: folded into its object's entry (made from the node's
     /// freshest cached copy on the first write, carried onto a newer one if the cloud's
-    /// moved on) and queued for replay with `row` if the object had none, in one
-    /// transaction. Returns the entry as it now is and the queue's length.
-    pub fn take(&self, w: &NodeWrite, row: &[u8], max: u64) -> Result<(Entry, u64), NotTaken> {
+    /// moved on; an event from what its recorder wrote) and queued for replay with the
+    /// outbox row `row` makes from the entry's key if the object had none, in one
+    /// transaction; a new entry's row counts against
+    /// `budget` when given (the oldest such rows make room). Returns the entry as it now
+    /// is and what queueing did.
+    pub fn take(
+        &self,
+        w: &NodeWrite,
+        row: impl FnOnce(&[u8]) -> Vec<u8>,
+        max: u64,
+        budget: Option<Budget>,
+    ) -> Result<(Entry, Enqueued), NotTaken> {
         let info = w.info;
         let replay = replay_as(info).ok_or_else(|| {
             NotTaken::Unavailable(format!("{} {} is not kept live", info.verb, info.resource))
@@ -148,18 +159,41 @@ impl LiveState {
         let body = body_json(w.content_type, w.body).map_err(NotTaken::Refused)?;
         let write = parse_write(w, &body).map_err(NotTaken::Refused)?;
         let unavailable = |e: StoreError| NotTaken::Unavailable(e.to_string());
-        let copy = cloud_copy(&self.store, info).map_err(unavailable)?;
-        let key = super::key(&info.gvr(), &info.namespace, &info.name);
+        let (name, copy) = if replay == ReplayAs::Create {
+            (created_name(info, &body)?, None)
+        } else {
+            let copy = cloud_copy(&self.store, info).map_err(unavailable)?;
+            // An event recorded before the hub saw it is patched as its recorder says.
+            let copy = copy.or_else(|| {
+                super::is_events(&info.gvr()).then(|| (super::bare_event(info), 0, Encoding::Json))
+            });
+            (info.name.clone(), copy)
+        };
+        let key = super::key(&info.gvr(), &info.namespace, &name);
         let mut taken = None;
         let folded = self
             .store
-            .fold_live(&key, row, max, |held| {
+            .fold_live(&key, &row(&key), max, budget, |held| {
                 let mut entry = match (held.as_deref().and_then(Entry::decode), copy) {
                     (Some(mut e), Some((cloud, rv, _))) if rv > e.base_rv => {
                         e.rebase(cloud, rv);
                         e
                     }
                     (Some(e), _) => e,
+                    (None, _) if replay == ReplayAs::Create => Entry {
+                        gvr: info.gvr(),
+                        namespace: info.namespace.clone(),
+                        name: name.clone(),
+                        path: w.path.to_string(),
+                        component: w.component.to_string(),
+                        replay,
+                        base: Value::Null,
+                        base_rv: 0,
+                        state: Value::Null,
+                        writes: 0,
+                        encoding: Encoding::of_content_type(w.content_type)
+                            .unwrap_or(Encoding::Json),
+                    },
                     (None, Some((cloud, rv, encoding))) => Entry {
                         gvr: info.gvr(),
                         namespace: info.namespace.clone(),
@@ -181,6 +215,13 @@ impl LiveState {
                     }
                 };
                 entry.fold(&write).map_err(NotTaken::Refused)?;
+                // Created in the request's namespace, as kube-apiserver sets it.
+                if entry.replay == ReplayAs::Create
+                    && let Some(meta) =
+                        entry.state.get_mut("metadata").and_then(Value::as_object_mut)
+                {
+                    meta.insert("namespace".into(), info.namespace.clone().into());
+                }
                 let bytes = entry.encode();
                 taken = Some(entry);
                 Ok(bytes)
@@ -195,6 +236,29 @@ impl LiveState {
         });
         Ok((entry, queued))
     }
+}
+
+/// The name an object created offline is kept under: its own, which must be a valid name
+/// in the request's namespace. Without one (generateName) it is not kept live.
+fn created_name(info: &RequestInfo, body: &Value) -> Result<String, NotTaken> {
+    let meta = &body["metadata"];
+    let name = meta["name"].as_str().unwrap_or_default();
+    if name.is_empty() {
+        return Err(NotTaken::NotKept);
+    }
+    let bad = |m: String| Err(NotTaken::Refused(Refusal::BadRequest(m)));
+    if !objects::valid_name(name) {
+        return bad(format!("invalid name {name:?}"));
+    }
+    if let Some(ns) = meta["namespace"].as_str()
+        && ns != info.namespace
+    {
+        return bad(
+            "the namespace of the provided object does not match the namespace sent on the request"
+                .into(),
+        );
+    }
+    Ok(name.to_string())
 }
 
 /// The entries of `gvr` in `namespace` (None: every namespace), or the one of `name`.
