@@ -22,8 +22,10 @@ need_root
 # needs to build its gRPC stubs; nginx-light: the reference proxy `cargo xtask bench proxy`
 # measures beside the hub (started by the benchmark on loopback, never as a service);
 # containerd and runc: the container test runs the hub's image with them (a private
-# containerd each time, with its own socket and directories; never the system's).
-DEB_PACKAGES=(etcd-server etcd-client bpftool iproute2 python3-kubernetes openssl curl ca-certificates protobuf-compiler libprotobuf-dev nginx-light containerd runc)
+# containerd each time, with its own socket and directories; never the system's);
+# containernetworking-plugins and busybox-static: pods on the CNI bridge (a bridge in a
+# namespace of the test's own) whose IPs change across an offline restart.
+DEB_PACKAGES=(etcd-server etcd-client bpftool iproute2 python3-kubernetes openssl curl ca-certificates protobuf-compiler libprotobuf-dev nginx-light containerd runc containernetworking-plugins busybox-static)
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -29,7 +29,9 @@ pub struct Containerd {
 #[derive(Default, Clone)]
 pub struct RunSpec {
     pub id: String,
+    /// An image name, or with `rootfs` a directory that is the container's root.
     pub image: String,
+    pub rootfs: bool,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     /// (source on the host, destination in the container, read-only, host-to-container
@@ -210,6 +212,9 @@ impl Containerd {
             a.push(format!("file://{}", log.display()));
         }
         a.push(if detached { "-d" } else { "--rm" }.into());
+        if spec.rootfs {
+            a.push("--rootfs".into());
+        }
         a.push(spec.image.clone());
         a.push(spec.id.clone());
         a.extend(spec.args.iter().cloned());

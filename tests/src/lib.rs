@@ -3,6 +3,7 @@
 pub mod apiserver;
 pub mod cgroup;
 pub mod cloud;
+pub mod cni;
 pub mod containerd;
 pub mod etcd;
 pub mod fuzz;

@@ -46,22 +46,44 @@ pub fn check(test: &str) -> bool {
 /// and ctr (scripts/setup.sh installs them) and the image archives `cargo xtask test`
 /// builds (HUB_IMAGE, HUB_IMAGE_NEXT).
 pub fn check_containers(test: &str) -> bool {
-    let why = missing().or_else(|| {
-        for tool in ["containerd", "runc", "ctr"] {
-            let found = std::process::Command::new(tool)
-                .arg("--version")
-                .output()
-                .is_ok();
-            if !found {
-                return Some(format!("`{tool}` not installed (scripts/setup.sh)"));
-            }
-        }
+    let why = missing().or_else(runtime_missing).or_else(|| {
         ["HUB_IMAGE", "HUB_IMAGE_NEXT"].iter().find_map(|var| {
             let set = std::env::var_os(var).is_some_and(|p| std::path::Path::new(&p).exists());
             (!set).then(|| {
                 format!("{var} does not name an image archive (cargo xtask test builds them)")
             })
         })
+    });
+    decide(test, why)
+}
+
+/// What containerd, runc and ctr a container test needs and this machine lacks.
+fn runtime_missing() -> Option<String> {
+    ["containerd", "runc", "ctr"].iter().find_map(|tool| {
+        let found = std::process::Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok();
+        (!found).then(|| format!("`{tool}` not installed (scripts/setup.sh)"))
+    })
+}
+
+/// The CNI plugins Debian's containernetworking-plugins installs.
+pub const CNI_PLUGINS: &str = "/usr/lib/cni";
+
+/// As `check`, for a test that runs pods on the CNI bridge: containerd, runc and ctr, the
+/// bridge and host-local plugins, and a static busybox (scripts/setup.sh installs them all).
+pub fn check_pods(test: &str) -> bool {
+    let why = missing().or_else(runtime_missing).or_else(|| {
+        let needed = [
+            format!("{CNI_PLUGINS}/bridge"),
+            format!("{CNI_PLUGINS}/host-local"),
+            "/bin/busybox".to_string(),
+        ];
+        needed
+            .into_iter()
+            .find(|p| !std::path::Path::new(p).exists())
+            .map(|p| format!("{p} not installed (scripts/setup.sh)"))
     });
     decide(test, why)
 }

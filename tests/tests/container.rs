@@ -266,6 +266,7 @@ impl Node {
         RunSpec {
             id: id.into(),
             image: image.into(),
+            rootfs: false,
             args,
             env,
             mounts,

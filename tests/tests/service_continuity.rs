@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use hub_tests::{
     apiserver::{ADMIN_TOKEN, auth::Rule, client::Client, seed},
+    cni::{Bridge, PodNet},
+    containerd::{Containerd, RunSpec},
     hub::LOOPBACK_NODE,
     informer::{Informer, Mode},
-    recorded,
+    privileged, recorded,
     scenario::Setup,
     wait_for,
 };
@@ -328,5 +330,201 @@ fn offline_slices_and_endpoints_follow_the_pods_the_kubelet_writes_then_hand_bac
             informer.slice_endpoints(SLICE),
             [("web-0".into(), vec![new_ip(0)], true, true)]
         );
+    }
+}
+
+/// A GET of `ip:8080` from the node's network: the page the pod serves, or why not.
+fn page_at(bridge: &Bridge, ip: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let _in_node = bridge.node.enter();
+    let addr: std::net::SocketAddr = format!("{ip}:8080").parse().unwrap();
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).map_err(|e| e.to_string())?;
+    Ok(answer
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .trim()
+        .to_string())
+}
+
+/// Starts pod `name` (busybox httpd serving its own name on 8080) in `net`, from `rootfs`.
+fn start_pod(ctd: &mut Containerd, rootfs: &std::path::Path, name: &str, net: &PodNet, round: u32) {
+    let www = rootfs.parent().unwrap().join(format!("www-{name}"));
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), name).unwrap();
+    ctd.start_detached(&RunSpec {
+        id: format!("{name}-{round}"),
+        image: rootfs.to_str().unwrap().to_string(),
+        rootfs: true,
+        args: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]
+            .map(String::from)
+            .to_vec(),
+        mounts: vec![(www, "/www".into(), true, false)],
+        join: vec![("network".into(), net.path())],
+        cgroup: format!("/{}", hub_tests::unique(name)),
+        ..Default::default()
+    });
+}
+
+/// Pods run by containerd and runc on the CNI bridge: after an offline reboot they run
+/// again on the new IPs host-local gives them, the kubelet writes those (its recorded
+/// patches), and the EndpointSlice the hub serves a kube-proxy-shaped client names them —
+/// the service's pods answer at the addresses it was served, not at the old ones.
+#[test]
+fn pods_on_the_cni_bridge_answer_at_the_addresses_the_hub_serves_after_an_offline_reboot() {
+    if !privileged::check_pods(
+        "pods_on_the_cni_bridge_answer_at_the_addresses_the_hub_serves_after_an_offline_reboot",
+    ) {
+        return;
+    }
+    const NAMES: [&str; 2] = ["web-0", "web-1"];
+    // Link-local: assigned inside the test's own namespaces only.
+    let bridge = Bridge::new("169.254.70.0/24");
+    let mut ctd = Containerd::start();
+    let dir = hub_tests::TempDir::new("pods");
+    let rootfs = dir.path().join("rootfs");
+    std::fs::create_dir_all(rootfs.join("bin")).unwrap();
+    std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
+    let mut nets: Vec<PodNet> = NAMES
+        .iter()
+        .map(|n| bridge.add(&format!("{n}-0")))
+        .collect();
+    for (name, net) in NAMES.iter().zip(&nets) {
+        start_pod(&mut ctd, &rootfs, name, net, 0);
+    }
+    for (name, net) in NAMES.iter().zip(&nets) {
+        wait_for(&format!("{name} to serve"), Duration::from_secs(30), || {
+            page_at(&bridge, &net.ip).ok().filter(|p| p == name)
+        });
+    }
+
+    let s = Setup::new(&["kubelet", "kube-proxy"]);
+    let store = &s.cloud.state.store;
+    seed::base(store);
+    seed::namespace(store, NS);
+    seed::node(store, NODE);
+    for (name, net) in NAMES.iter().zip(&nets) {
+        seed::put(
+            store,
+            "pods",
+            "",
+            NS,
+            json!({"metadata": {"name": name, "labels": {"app": "web"}},
+                "spec": {"nodeName": NODE, "containers": [{"name": "httpd", "image": "busybox"}]},
+                "status": {"phase": "Running", "podIP": net.ip, "podIPs": [{"ip": net.ip}],
+                    "conditions": [{"type": "Ready", "status": "True"}]}}),
+        );
+    }
+    let uids: Vec<String> = NAMES
+        .iter()
+        .map(|n| format!("seed-pods-{NS}-{n}"))
+        .collect();
+    let targets: Vec<recorded::Target> = (0..2)
+        .map(|i| (NAMES[i], uids[i].as_str(), nets[i].ip.as_str()))
+        .collect();
+    seed::put(
+        store,
+        "endpointslices",
+        "discovery.k8s.io",
+        NS,
+        recorded::controller_endpointslice(NS, "web-7xk2p", "web", NODE, &targets),
+    );
+    {
+        let mut auth = s.cloud.state.auth.write().unwrap();
+        let user = "system:serviceaccount:kube-system:kube-proxy";
+        auth.add_token(PROXY_TOKEN, user, &["system:serviceaccounts"]);
+        auth.allow(Rule::new(
+            user,
+            &["get", "list", "watch"],
+            &["endpointslices"],
+            &["*"],
+        ));
+    }
+    let hub = s.start_hub();
+    let kubelet = s.kubelet();
+    let proxy_client = Client::new(s.hub_addr(), s.ca.cert_der(), Some(PROXY_TOKEN), None);
+    let mut proxy = Informer::new(
+        &proxy_client,
+        KUBE_PROXY,
+        true,
+        "/apis/discovery.k8s.io/v1/endpointslices",
+        &proxy_selector(),
+        Mode::WatchList,
+    );
+    proxy.sync().unwrap();
+    s.kubelet_lists_its_pods(&kubelet, KUBELET);
+    hub.wait_stored();
+    let served = |proxy: &Informer| -> Vec<String> {
+        proxy
+            .slice_endpoints(SLICE)
+            .into_iter()
+            .filter(|(_, _, ready, _)| *ready)
+            .flat_map(|(_, addresses, _, _)| addresses)
+            .collect()
+    };
+    let before: Vec<String> = nets.iter().map(|n| n.ip.clone()).collect();
+    assert_eq!(served(&proxy), before);
+
+    // The node reboots while the cloud is unreachable: every pod's network is made again.
+    s.cloud_down(&hub);
+    for (i, name) in NAMES.iter().enumerate() {
+        ctd.remove(&format!("{name}-0"));
+        let old = std::mem::replace(&mut nets[i], bridge.add(&format!("{name}-1")));
+        bridge.del(&format!("{name}-0"), old);
+        start_pod(&mut ctd, &rootfs, name, &nets[i], 1);
+    }
+    let after: Vec<String> = nets.iter().map(|n| n.ip.clone()).collect();
+    for (old, new) in before.iter().zip(&after) {
+        assert_ne!(old, new, "host-local gave a new address");
+        assert!(
+            page_at(&bridge, old).is_err(),
+            "nothing answers at {old} any more"
+        );
+    }
+    // The kubelet writes where its pods run now.
+    for (i, name) in NAMES.iter().enumerate() {
+        let r = kubelet
+            .request(
+                "PATCH",
+                &format!("/api/v1/namespaces/{NS}/pods/{name}/status"),
+                &[
+                    ("User-Agent", KUBELET),
+                    ("Accept", PROTOBUF),
+                    ("Content-Type", "application/strategic-merge-patch+json"),
+                ],
+                &recorded::kubelet_pod_restarted_patch(
+                    &uids[i], "True", "Running", &before[i], &after[i],
+                ),
+            )
+            .unwrap();
+        assert_eq!(
+            r.status,
+            200,
+            "{name}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    wait_for(
+        "kube-proxy's watch to name the pods' new addresses",
+        Duration::from_secs(20),
+        || {
+            if proxy.pump(Duration::from_millis(300)).is_err() {
+                proxy.sync().ok()?;
+            }
+            (served(&proxy) == after).then_some(())
+        },
+    );
+    // Every address the hub served answers with its pod.
+    for (name, ip) in NAMES.iter().zip(served(&proxy)) {
+        let page = wait_for(&format!("{name} at {ip}"), Duration::from_secs(30), || {
+            page_at(&bridge, &ip).ok()
+        });
+        assert_eq!(&page, name);
     }
 }
