@@ -545,6 +545,8 @@ pub struct Store {
     /// The outbox's length, set inside each transaction that changes it (write
     /// transactions run one at a time, so the last value set is the committed length).
     queued: AtomicU64,
+    /// Write transactions committed: what was read before it changed is stale after.
+    commits: AtomicU64,
     /// Closed after an I/O error and not yet open again.
     reopening: std::sync::atomic::AtomicBool,
     /// Per `credential \0 gvr`: how many batches have written objects of it (in this
@@ -611,6 +613,7 @@ impl Store {
             db: std::sync::RwLock::new(Some(Db::ReadWrite(db))),
             path,
             queued: Default::default(),
+            commits: Default::default(),
             reopening: Default::default(),
             generations: Default::default(),
         };
@@ -644,6 +647,7 @@ impl Store {
             db: std::sync::RwLock::new(Some(db)),
             path,
             queued: Default::default(),
+            commits: Default::default(),
             reopening: Default::default(),
             generations: Default::default(),
         })
@@ -678,7 +682,14 @@ impl Store {
         let txn = db.begin_write().map_err(db_err)?;
         let out = f(&txn)?;
         txn.commit().map_err(db_err)?;
+        self.commits.fetch_add(1, Ordering::SeqCst);
         Ok(out)
+    }
+
+    /// Changes after every write transaction this store commits: read it before reading
+    /// what is to be kept, and what was read is current while it has not changed.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::SeqCst)
     }
 
     /// Every record whose key starts with `prefix` (tombstones included), in key order.

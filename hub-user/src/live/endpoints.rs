@@ -175,6 +175,20 @@ impl Pods {
         self
     }
 
+    /// These pods in `namespace` (None: all).
+    pub fn within(&self, namespace: Option<&str>) -> Pods {
+        match namespace {
+            None => self.clone(),
+            Some(ns) => Pods(
+                self.0
+                    .iter()
+                    .filter(|((n, _), _)| n == ns)
+                    .map(|(id, p)| (id.clone(), p.clone()))
+                    .collect(),
+            ),
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -199,11 +213,21 @@ impl Pods {
     }
 
     /// Whether `body` (an object of `namespace`, in either encoding) may name one of the
-    /// pods: the cheap test that spares reading whole the objects that cannot.
+    /// pods: the cheap test that spares reading whole the objects that cannot. With many
+    /// pods in the namespace, searching for each costs more than reading the object.
     pub fn named_in(&self, namespace: &str, body: &[u8]) -> bool {
-        self.0.keys().any(|(ns, name)| {
-            ns == namespace && memchr::memmem::find(body, name.as_bytes()).is_some()
-        })
+        const SEARCHED_AT_MOST: usize = 16;
+        let names: Vec<&str> = self
+            .0
+            .keys()
+            .filter(|(ns, _)| ns == namespace)
+            .map(|(_, name)| name.as_str())
+            .take(SEARCHED_AT_MOST + 1)
+            .collect();
+        names.len() > SEARCHED_AT_MOST
+            || names
+                .iter()
+                .any(|name| memchr::memmem::find(body, name.as_bytes()).is_some())
     }
 
     /// The pod an endpoint's `targetRef` names, if the node knows it as that pod (a pod of

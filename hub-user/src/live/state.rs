@@ -35,6 +35,9 @@ pub struct LiveState {
     changes: broadcast::Sender<Changed>,
     /// The pods other nodes of the pool wrote offline, as they shared them last.
     others: Mutex<Arc<Pods>>,
+    /// This node's pods as its entries say, and the store's commit count they were read at
+    /// (read again once it moved: every slice served reads them).
+    own: Mutex<Option<(u64, Arc<Pods>)>>,
 }
 
 /// One write of the node, as it arrived.
@@ -89,6 +92,7 @@ impl LiveState {
             store,
             changes: broadcast::channel(1024).0,
             others: Mutex::new(Arc::default()),
+            own: Mutex::new(None),
         }
     }
 
@@ -97,19 +101,27 @@ impl LiveState {
     }
 
     /// The pods this node wrote offline.
-    pub fn own_pods(&self) -> Result<Pods, StoreError> {
-        Ok(Pods::from_entries(&held(
+    pub fn own_pods(&self) -> Result<Arc<Pods>, StoreError> {
+        let commits = self.store.commits();
+        if let Some((at, pods)) = &*self.own.lock().unwrap_or_else(|p| p.into_inner())
+            && *at == commits
+        {
+            return Ok(pods.clone());
+        }
+        let pods = Arc::new(Pods::from_entries(&held(
             &self.store,
             endpoints::PODS,
             None,
             None,
-        )?))
+        )?));
+        *self.own.lock().unwrap_or_else(|p| p.into_inner()) = Some((commits, pods.clone()));
+        Ok(pods)
     }
 
     /// The pods of `namespace` (None: all) as the node knows them now: its own writes, and
     /// what other nodes of its pool shared of theirs.
     pub fn pods(&self, namespace: Option<&str>) -> Result<Pods, StoreError> {
-        let own = Pods::from_entries(&held(&self.store, endpoints::PODS, namespace, None)?);
+        let own = self.own_pods()?.within(namespace);
         let others = self
             .others
             .lock()
