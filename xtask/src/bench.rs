@@ -19,9 +19,10 @@ pub fn run(what: &str, rounds: usize, minutes: u64, output: Output) -> Result<()
         "pool" => crate::bench_pool::pool(output),
         "pool-scale" => crate::bench_pool::scale(output),
         "coordinator" => crate::bench_coordinator::coordinator(rounds, output),
+        "offline" => crate::bench_offline::offline(output),
         other => {
             bail!(
-                "unknown benchmark `{other}` (available: intercept, proxy, cache, coordinator, pool, pool-scale, edge)"
+                "unknown benchmark `{other}` (available: intercept, proxy, cache, coordinator, pool, pool-scale, edge, offline)"
             )
         }
     }

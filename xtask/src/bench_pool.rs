@@ -333,16 +333,16 @@ fn identities(names: &[String]) -> Vec<&str> {
 /// `pods` pods each, and per node a release hub speaking for it — its own membership,
 /// sets and identity at the cloud, as in a real pool — and that node's kubelet-style
 /// client. `pool_yaml` is the hub's pool configuration; the etcd endpoint is added.
-struct NodePool {
-    etcd: EtcdCluster,
+pub(crate) struct NodePool {
+    pub etcd: EtcdCluster,
     /// Kept for its processes and files; dropped last.
-    stack: Stack,
-    hubs: Vec<(HubProc, String)>,
-    kubelets: Vec<Http>,
-    hubs_ready: Duration,
+    pub stack: Stack,
+    pub hubs: Vec<(HubProc, String)>,
+    pub kubelets: Vec<Http>,
+    pub hubs_ready: Duration,
 }
 
-fn node_pool(
+pub(crate) fn node_pool(
     tag: &str,
     members: usize,
     nodes: usize,

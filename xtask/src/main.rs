@@ -4,6 +4,7 @@ mod bench_cache;
 mod bench_coordinator;
 mod bench_doc;
 mod bench_edge;
+mod bench_offline;
 mod bench_pool;
 mod bench_proxy;
 mod demo;
@@ -33,7 +34,7 @@ commands:
   demo         the system end to end on this machine, in throwaway namespaces (root);
                --step pauses between steps
   bench WHAT   release-build benchmarks as ratios against direct, same run
-               (WHAT: intercept, proxy, cache, coordinator, pool, pool-scale, edge);
+               (WHAT: intercept, proxy, cache, coordinator, pool, pool-scale, edge, offline);
                --rounds N; --minutes N (edge: how long each side runs, default 60);
                --output json: the figures as one JSON document on stdout
   bench-doc    rebuild the tables of docs/benchmarks.md from the runs kept in docs/bench/
