@@ -154,9 +154,8 @@ impl LiveState {
     /// freshest cached copy on the first write, carried onto a newer one if the cloud's
     /// moved on; an event from what its recorder wrote) and queued for replay with the
     /// outbox row `row` makes from the entry's key if the object had none, in one
-    /// transaction; a new entry's row counts against
-    /// `budget` when given (the oldest such rows make room). Returns the entry as it now
-    /// is and what queueing did.
+    /// transaction; a new entry's row counts against `budget` when given (the oldest such
+    /// rows make room). Returns the entry as it now is and what queueing did.
     pub fn take(
         &self,
         w: &NodeWrite,
