@@ -134,6 +134,9 @@ pub async fn follow(
     namespace: Option<&str>,
     items: &mut [Item],
 ) -> Option<u64> {
+    if items.is_empty() {
+        return None;
+    }
     let (reader, ns) = (live.clone(), namespace.map(str::to_string));
     let pods = tokio::task::spawn_blocking(move || reader.pods(ns.as_deref()))
         .await
