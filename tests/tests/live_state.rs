@@ -334,8 +334,29 @@ fn offline_events_fold_into_one_write_each_and_expired_ones_are_dropped() {
         &event("p-1.stale", "Created", now - 7200),
     );
     assert_eq!(code, 201);
+    // A real apiserver's Event in protobuf (`fixtures/wire/kube-apiserver-1.36/dual-event-protobuf`),
+    // as a protobuf client creates it: taken, and as its last sighting is days old, expired.
+    let recorded = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/wire/kube-apiserver-1.36/dual-event-protobuf/response.body"
+    ))
+    .unwrap();
+    let r = kubelet
+        .request(
+            "POST",
+            "/api/v1/namespaces/dual/events",
+            &[
+                ("User-Agent", KUBELET),
+                ("Accept", PROTOBUF),
+                ("Content-Type", "application/vnd.kubernetes.protobuf"),
+            ],
+            &recorded,
+        )
+        .unwrap();
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    assert!(r.header("content-type").unwrap().contains("protobuf"));
     let queued = hub.status()["cache"]["queued"].clone();
-    assert_eq!(queued, 3, "one write per event");
+    assert_eq!(queued, 4, "one write per event");
 
     let seen = s.cloud.audit().len();
     s.cloud.start_listening().unwrap();
@@ -345,7 +366,7 @@ fn offline_events_fold_into_one_write_each_and_expired_ones_are_dropped() {
     });
     assert_eq!(
         (cache["expired"].as_u64(), cache["replay_dropped"].as_u64()),
-        (Some(1), Some(0)),
+        (Some(2), Some(0)),
         "{cache}"
     );
     let pulled = admin.get(&format!("{events}/p-1.pulled")).json();
@@ -369,6 +390,10 @@ fn offline_events_fold_into_one_write_each_and_expired_ones_are_dropped() {
         "{before}"
     );
     assert_eq!(admin.get(&format!("{events}/p-1.stale")).status, 404);
+    assert_eq!(
+        admin.get("/api/v1/namespaces/dual/events/rich.1").status,
+        404
+    );
     let writes: Vec<String> = s.cloud.audit()[seen..]
         .iter()
         .filter(|a| a.path.contains("/events") && a.method != "GET")
