@@ -80,6 +80,9 @@ const PROTOBUF: &str = "application/vnd.kubernetes.protobuf,application/json";
 /// How long a streamed list may take to reach its end bookmark.
 const SYNC_LIMIT: Duration = Duration::from_secs(30);
 
+/// An endpoint of a slice: (pod, addresses, ready, serving).
+pub type SliceEndpoint = (String, Vec<String>, bool, bool);
+
 pub struct Informer<'c> {
     client: &'c Client,
     user_agent: String,
@@ -133,9 +136,18 @@ impl<'c> Informer<'c> {
         self.objects.keys().cloned().collect()
     }
 
+    /// Pumps the open watch (up to 30 s) until the EndpointSlice `key` holds `endpoints`,
+    /// as [`Informer::slice_endpoints`] gives them; `what` names the wait.
+    pub fn wait_slice(&mut self, what: &str, key: &str, endpoints: &[SliceEndpoint]) {
+        crate::wait_for(what, Duration::from_secs(30), || {
+            self.pump(Duration::from_millis(200)).unwrap();
+            (self.slice_endpoints(key) == endpoints).then_some(())
+        });
+    }
+
     /// The endpoints of the EndpointSlice `key` (`namespace/name`) as this informer holds it,
     /// as (pod, addresses, ready, serving); empty if it holds no such slice.
-    pub fn slice_endpoints(&self, key: &str) -> Vec<(String, Vec<String>, bool, bool)> {
+    pub fn slice_endpoints(&self, key: &str) -> Vec<SliceEndpoint> {
         let Some(raw) = self.bodies.get(key) else {
             return Vec::new();
         };

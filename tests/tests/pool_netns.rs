@@ -19,7 +19,7 @@ use hub_tests::{
     pool_net::{CLOUD_IP, ETCD_IP, PoolNet},
     privileged, recorded, wait_for,
 };
-use serde_json::{Value, json};
+use serde_json::Value;
 
 const TTL: u64 = 3;
 const NODES: [&str; 3] = ["edge-0", "edge-1", "edge-2"];
@@ -391,27 +391,9 @@ fn a_site_offline_serves_every_node_s_pods_at_their_new_addresses_from_every_nod
     seed::namespace(store, NS);
     for (i, node) in NODES[..2].iter().enumerate() {
         seed::node(store, node);
-        let ip = old_ip(i);
-        seed::put(
-            store,
-            "pods",
-            "",
-            NS,
-            json!({"metadata": {"name": format!("web-{i}"), "labels": {"app": "web"}},
-                "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.local/web:1"}]},
-                "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
-                    "conditions": [{"type": "Ready", "status": "True"}]}}),
-        );
+        seed::web_pod(store, NS, &format!("web-{i}"), node, &old_ip(i));
     }
-    seed::put(
-        store,
-        "services",
-        "",
-        NS,
-        json!({"metadata": {"name": "web"},
-            "spec": {"type": "ClusterIP", "selector": {"app": "web"},
-                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}}),
-    );
+    seed::web_service(store, NS);
     let (uids, ips): (Vec<String>, Vec<String>) = (0..2).map(|i| (uid(i), old_ip(i))).unzip();
     let targets: Vec<recorded::Target> = (0..2)
         .map(|i| (["web-0", "web-1"][i], uids[i].as_str(), ips[i].as_str()))
@@ -522,14 +504,8 @@ fn a_site_offline_serves_every_node_s_pods_at_their_new_addresses_from_every_nod
         ("web-1".to_string(), vec![old_ip(1)], true, true),
     ];
     for (name, informer) in [("kube-proxy", &mut proxy), ("coredns", &mut dns)] {
-        wait_for(
-            &format!("edge-1's {name} to see web-0's new address"),
-            Duration::from_secs(30),
-            || {
-                informer.pump(Duration::from_millis(200)).unwrap();
-                (informer.slice_endpoints(SLICE) == one_moved).then_some(())
-            },
-        );
+        let what = format!("edge-1's {name} to see web-0's new address");
+        informer.wait_slice(&what, SLICE, &one_moved);
         eprintln!(
             "edge-1's {name} saw edge-0's write {} ms after it",
             written.elapsed().as_millis()
@@ -545,14 +521,8 @@ fn a_site_offline_serves_every_node_s_pods_at_their_new_addresses_from_every_nod
         ("web-1".to_string(), vec![new_ip(1)], true, true),
     ];
     for (name, informer) in [("kube-proxy", &mut proxy), ("coredns", &mut dns)] {
-        wait_for(
-            &format!("edge-1's {name} to see web-1's new address"),
-            Duration::from_secs(30),
-            || {
-                informer.pump(Duration::from_millis(200)).unwrap();
-                (informer.slice_endpoints(SLICE) == both_moved).then_some(())
-            },
-        );
+        let what = format!("edge-1's {name} to see web-1's new address");
+        informer.wait_slice(&what, SLICE, &both_moved);
     }
     let mut on_edge0 = Informer::new(
         &nodes[0].client,

@@ -18,7 +18,7 @@ use hub_tests::{
     scenario::Setup,
     wait_for,
 };
-use serde_json::{Value, json};
+use serde_json::Value;
 
 const NODE: &str = LOOPBACK_NODE;
 const NS: &str = "shop";
@@ -68,27 +68,9 @@ fn seed_cloud(s: &Setup) {
     seed::namespace(store, NS);
     seed::node(store, NODE);
     for i in 0..3 {
-        let ip = old_ip(i);
-        seed::put(
-            store,
-            "pods",
-            "",
-            NS,
-            json!({"metadata": {"name": format!("web-{i}"), "labels": {"app": "web"}},
-                "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "registry.local/web:1"}]},
-                "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
-                    "conditions": [{"type": "Ready", "status": "True"}]}}),
-        );
+        seed::web_pod(store, NS, &format!("web-{i}"), NODE, &old_ip(i));
     }
-    seed::put(
-        store,
-        "services",
-        "",
-        NS,
-        json!({"metadata": {"name": "web"},
-            "spec": {"type": "ClusterIP", "selector": {"app": "web"},
-                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}}),
-    );
+    seed::web_service(store, NS);
     let uids: Vec<String> = (0..3).map(pod_uid).collect();
     let ips: Vec<String> = (0..3).map(old_ip).collect();
     let names = ["web-0", "web-1", "web-2"];
@@ -234,14 +216,8 @@ fn offline_slices_and_endpoints_follow_the_pods_the_kubelet_writes_then_hand_bac
     ];
     // Both open watches get the slice as the pods are now.
     for (name, informer) in [("kube-proxy", &mut proxy), ("coredns", &mut dns)] {
-        wait_for(
-            &format!("{name}'s watch to get the slice naming the new addresses"),
-            Duration::from_secs(20),
-            || {
-                informer.pump(Duration::from_millis(300)).unwrap();
-                (informer.slice_endpoints(SLICE) == now).then_some(())
-            },
-        );
+        let what = format!("{name}'s watch to get the slice naming the new addresses");
+        informer.wait_slice(&what, SLICE, &now);
         assert!(
             slice_rv(informer, SLICE) < cloud_slice_rv,
             "served below the cloud's version"
@@ -410,16 +386,7 @@ fn pods_on_the_cni_bridge_answer_at_the_addresses_the_hub_serves_after_an_offlin
     seed::namespace(store, NS);
     seed::node(store, NODE);
     for (name, net) in NAMES.iter().zip(&nets) {
-        seed::put(
-            store,
-            "pods",
-            "",
-            NS,
-            json!({"metadata": {"name": name, "labels": {"app": "web"}},
-                "spec": {"nodeName": NODE, "containers": [{"name": "httpd", "image": "busybox"}]},
-                "status": {"phase": "Running", "podIP": net.ip, "podIPs": [{"ip": net.ip}],
-                    "conditions": [{"type": "Ready", "status": "True"}]}}),
-        );
+        seed::web_pod(store, NS, name, NODE, &net.ip);
     }
     let uids: Vec<String> = NAMES
         .iter()

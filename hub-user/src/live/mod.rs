@@ -163,14 +163,9 @@ pub fn event_last_seen(event: &Value) -> Option<u64> {
 /// An event known only by its name (one recorded before the hub saw it, patched offline
 /// as it repeats): what its patches apply to.
 pub fn bare_event(info: &RequestInfo) -> Value {
-    let api_version = if info.group.is_empty() {
-        info.version.clone()
-    } else {
-        format!("{}/{}", info.group, info.version)
-    };
     serde_json::json!({
         "kind": "Event",
-        "apiVersion": api_version,
+        "apiVersion": crate::cache::serve::api_version(info),
         "metadata": {"name": info.name, "namespace": info.namespace},
     })
 }

@@ -152,6 +152,33 @@ pub fn service(store: &Store, ns: &str, name: &str, port: u16) {
     );
 }
 
+/// A Running, Ready pod labelled `app: web` on `node` at `ip`, as a service's backend.
+pub fn web_pod(store: &Store, ns: &str, name: &str, node: &str, ip: &str) {
+    put(
+        store,
+        "pods",
+        "",
+        ns,
+        json!({"metadata": {"name": name, "labels": {"app": "web"}},
+            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.local/web:1"}]},
+            "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                "conditions": [{"type": "Ready", "status": "True"}]}}),
+    );
+}
+
+/// The ClusterIP service `web` selecting the `web_pod`s (port 80 to 8080).
+pub fn web_service(store: &Store, ns: &str) {
+    put(
+        store,
+        "services",
+        "",
+        ns,
+        json!({"metadata": {"name": "web"},
+            "spec": {"type": "ClusterIP", "selector": {"app": "web"},
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}}),
+    );
+}
+
 /// An EndpointSlice of `default` as a client would create it (no endpoints yet).
 pub fn endpointslice_object(name: &str, port: u16) -> Value {
     json!({
