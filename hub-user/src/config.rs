@@ -68,6 +68,9 @@ pub struct CloudConfig {
     pub key_file: Option<PathBuf>,
     /// A kubeconfig (e.g. kubelet's) to take the node identity and servers from.
     pub kubeconfig: Option<PathBuf>,
+    /// Seconds a healthy server may send nothing (no answer, no watch event) before one
+    /// `/readyz` checks it; traffic on its connections tells otherwise. Default 60.
+    pub idle_check_seconds: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -89,8 +89,12 @@ fn cloud_from_config(config: &Config) -> Result<Cloud, DaemonError> {
         None => rustls::RootCertStore::empty(),
     };
     let node = node_identity(config, &kube)?;
-    Cloud::new(&servers, roots, node.as_ref(), config.intercept.bypass_mark)
-        .map_err(DaemonError::Config)
+    let cloud = Cloud::new(&servers, roots, node.as_ref(), config.intercept.bypass_mark)
+        .map_err(DaemonError::Config)?;
+    Ok(match config.cloud.idle_check_seconds {
+        Some(secs) => cloud.with_idle_check(Duration::from_secs(secs.max(1))),
+        None => cloud,
+    })
 }
 
 /// The node's client identity: cloud.certFile/keyFile, else the kubeconfig's client cert.

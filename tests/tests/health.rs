@@ -22,6 +22,8 @@ const KUBELET: (&str, &str) = ("User-Agent", "kubelet/v1.32.13 (linux/amd64)");
 
 /// An object that was never cached: the cloud answers 404, the cache could only say 503.
 const NEVER_CACHED: &str = "/api/v1/nodes/never-cached";
+/// A pod the stand-in seeds (`--pods-per-node`) and the cache keeps once read.
+const CACHED: &str = "/api/v1/namespaces/default/pods/pod-0-3";
 
 fn transitions(hub: &HubProc) -> u64 {
     hub.status()["cloud"][0]["transitions"].as_u64().unwrap()
@@ -155,18 +157,22 @@ fn short_freezes_are_ridden_out_and_a_frozen_or_killed_cloud_is_found_quickly() 
         extra: String::new(),
     };
     let hub = HubProc::start_yaml(None, &admin, None, |_, _| config.yaml(&d.join("state")));
-    // The plain listener speaks as the node: the cloud's answer is a 404.
-    let get = || -> (u16, String) {
+    // The plain listener speaks as the node (as the kubelet): the cloud's answer is a 404.
+    let get = |path: &str| -> (u16, String, Duration) {
+        let asked = Instant::now();
         let out = Command::new("curl")
-            .args(["-s", "-m", "20", "-w", "\n%{http_code}"])
-            .arg(format!("http://127.0.0.1:{}{NEVER_CACHED}", config.plain))
+            .args(["-s", "-m", "20", "-A", KUBELET.1, "-w", "\n%{http_code}"])
+            .arg(format!("http://127.0.0.1:{}{path}", config.plain))
             .output()
             .expect("curl");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-        (code.parse().unwrap_or(0), body.to_string())
+        (code.parse().unwrap_or(0), body.to_string(), asked.elapsed())
     };
-    assert_eq!(get().0, 404);
+    assert_eq!(get(NEVER_CACHED).0, 404);
+    // One the cache keeps, to be asked while the cloud is frozen.
+    let (code, body, _) = get(CACHED);
+    assert_eq!(code, 200, "{body}");
     until_healthy_is(&hub, true);
 
     // CPU starved in bursts: stopped 300 ms, running 300 ms, ten times.
@@ -181,7 +187,7 @@ fn short_freezes_are_ridden_out_and_a_frozen_or_killed_cloud_is_found_quickly() 
         });
         let mut answers = 0;
         while !freezer.is_finished() {
-            let (code, body) = get();
+            let (code, body, _) = get(NEVER_CACHED);
             assert_eq!(code, 404, "a request the cloud would answer: {body}");
             answers += 1;
         }
@@ -195,19 +201,69 @@ fn short_freezes_are_ridden_out_and_a_frozen_or_killed_cloud_is_found_quickly() 
         status["cloud"]
     );
 
-    // Frozen for good: unhealthy within about a second, then back when it resumes.
+    // Frozen for good while the hub is idle: nothing tells yet. The first request finds
+    // the cloud silent and gets the cached answer — the cloud's, byte for byte.
     signal(&cloud, libc::SIGSTOP);
-    let frozen = until_healthy_is(&hub, false);
+    let (code, frozen_body, frozen) = get(CACHED);
+    assert_eq!(code, 200, "a cached object while the cloud is frozen: {frozen_body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&frozen_body).unwrap(),
+        serde_json::from_str::<Value>(&body).unwrap(),
+    );
+    assert_eq!(hub.status()["cloud"][0]["healthy"], false, "marked down by the request");
     signal(&cloud, libc::SIGCONT);
     let resumed = until_healthy_is(&hub, true);
-    // Killed: its connections are reset and new ones refused.
+    // Killed: its connection is reset, the hub checks at once and is refused.
     signal(&cloud, libc::SIGKILL);
     let killed = until_healthy_is(&hub, false);
     eprintln!(
-        "{bursts} requests through the bursts; frozen found after {frozen:?}, back after {resumed:?}, killed found after {killed:?} (each as seen by polling hub status)"
+        "{bursts} requests through the bursts; a request to the frozen cloud answered from the cache after {frozen:?}, back after {resumed:?}, killed found after {killed:?} (as seen by polling hub status)"
     );
     // The target is a second; the bounds leave room for a loaded machine and for the
-    // polling itself, and still catch the old rule (two 800 ms probe timeouts: ~2 s).
+    // polling itself, and still catch waiting for the old 400 ms probes or a connect
+    // timeout (3 s).
     assert!(frozen < Duration::from_millis(1600), "frozen: {frozen:?}");
     assert!(killed < Duration::from_millis(1600), "killed: {killed:?}");
+}
+
+/// An idle hub costs the cloud at most one request a minute: its HTTP/2 connection, PINGed
+/// when quiet for 15 s, tells that the server is there; a `/readyz` goes only after a
+/// minute with nothing at all from the server (`cloud.idleCheckSeconds`).
+#[test]
+fn an_idle_hub_asks_the_cloud_at_most_once_a_minute() {
+    let s = Setup::new(&["kubelet"]);
+    seed::base(&s.cloud.state.store);
+    let hub = s.start_hub();
+    let kubelet = s.kubelet();
+    let r = kubelet
+        .request("GET", NEVER_CACHED, &[KUBELET], &[])
+        .unwrap();
+    assert_eq!(r.status, 404);
+    until_healthy_is(&hub, true);
+    let requests = || -> u64 {
+        let report = s.cloud.state.traffic.report();
+        report.values().map(|u| u.requests).sum()
+    };
+    let readyz = || -> u64 {
+        let report = s.cloud.state.traffic.report();
+        report
+            .values()
+            .map(|u| u.verbs.get("health").copied().unwrap_or(0))
+            .sum()
+    };
+    let (before, readyz_before) = (requests(), readyz());
+    let window = Duration::from_secs(70);
+    let started = Instant::now();
+    // Waits out the window (nothing to wait for: the point is that nothing happens),
+    // watching that the hub still says the cloud is healthy.
+    while started.elapsed() < window {
+        assert_eq!(hub.status()["cloud"][0]["healthy"], true);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let (sent, probes) = (requests() - before, readyz() - readyz_before);
+    eprintln!(
+        "idle for {window:?}: {sent} requests to the cloud, {probes} of them /readyz; {:?}",
+        s.cloud.state.traffic.report()
+    );
+    assert!(sent <= 1, "at most one request a minute ({sent} in {window:?})");
 }

@@ -35,12 +35,13 @@ const STREAM_WINDOW: u32 = 2 << 20;
 const CONNECTION_WINDOW: u32 = 5 << 20;
 const MAX_HEADER_LIST: u32 = 16 << 10;
 const MAX_SEND_BUFFER: usize = 1 << 20;
-/// How often the connection is asked for an HTTP/2 PING, and how long the answer may take.
-/// A link that died without a FIN or RST leaves the connection open and silent: without
-/// this, requests and probes would keep going into it until TCP gave up (many minutes).
-/// The server's HTTP/2 layer answers PINGs however busy its handlers are.
-const KEEPALIVE_EVERY: Duration = Duration::from_secs(5);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long the connection may be quiet (no byte from the server) before it is asked for
+/// an HTTP/2 PING, and how long the answer may take. A link that died without a FIN or
+/// RST leaves the connection open and silent: without this, watches would wait on it until
+/// TCP gave up (many minutes). A connection carrying answers or watch events is never
+/// pinged; the server's HTTP/2 layer answers PINGs however busy its handlers are.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChannelError {
@@ -79,6 +80,8 @@ struct Slot {
     sender: SendRequest<Bytes>,
     generation: u64,
     pinger: tokio::sync::mpsc::UnboundedSender<PingAsk>,
+    /// When a byte last arrived on this connection ([`now_ms`](super::health::now_ms)).
+    heard: Arc<AtomicU64>,
 }
 
 pub struct Channel {
@@ -106,12 +109,27 @@ impl Channel {
     }
 
     /// A PING on the live connection: its round trip, or None when there is no live
-    /// connection or no PONG within `within`.
+    /// connection or no PONG within `within` (a connection being made counts as none).
     pub async fn ping(&self, within: Duration) -> Option<Duration> {
-        let pinger = self.slot.lock().await.as_ref()?.pinger.clone();
+        let pinger = self.slot.try_lock().ok()?.as_ref()?.pinger.clone();
         let (ask, answer) = tokio::sync::oneshot::channel();
         pinger.send(ask).ok()?;
         tokio::time::timeout(within, answer).await.ok()?.ok()
+    }
+
+    /// Whether a byte arrived on the live connection within `window` (false when there
+    /// is none, or it is being made).
+    pub fn heard_within(&self, window: Duration) -> bool {
+        let Ok(slot) = self.slot.try_lock() else {
+            return false;
+        };
+        let at = slot.as_ref().map_or(0, |s| s.heard.load(Ordering::Relaxed));
+        at > 0 && super::health::now_ms().saturating_sub(at) <= window.as_millis() as u64
+    }
+
+    /// Whether a connection is up (not being made, not ended).
+    pub fn connected(&self) -> bool {
+        self.slot.try_lock().is_ok_and(|slot| slot.is_some())
     }
 
     /// Sends `req` to `server` and returns its answer once the headers arrive; the body
@@ -176,11 +194,12 @@ impl Channel {
         let mut guard = self.slot.lock().await;
         // Requests that found no connection wait here for one to be made, not one each.
         if guard.is_none() {
-            let (sender, pinger) = self.connect(server).await?;
+            let (sender, pinger, heard) = self.connect(server).await?;
             *guard = Some(Slot {
                 sender,
                 generation: self.generations.fetch_add(1, Ordering::Relaxed),
                 pinger,
+                heard,
             });
         }
         let slot = guard.clone().expect("just filled");
@@ -210,6 +229,7 @@ impl Channel {
         (
             SendRequest<Bytes>,
             tokio::sync::mpsc::UnboundedSender<PingAsk>,
+            Arc<AtomicU64>,
         ),
         Unready,
     > {
@@ -227,6 +247,7 @@ impl Channel {
             self.http1_only.store(true, Ordering::Relaxed);
             return Err(Unready::NotHttp2);
         };
+        let heard = Arc::new(AtomicU64::new(super::health::now_ms()));
         let (sender, mut connection) = h2::client::Builder::new()
             .initial_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
@@ -235,20 +256,22 @@ impl Channel {
             .enable_push(false)
             .handshake::<_, Bytes>(Heard {
                 inner: tls,
-                stamp: server.health.heard_handle(),
+                server: server.health.heard_handle(),
+                connection: heard.clone(),
             })
             .await
             .map_err(|e| ChannelError::Connect(format!("HTTP/2 handshake: {e}")))?;
         let authority = server.url.authority();
+        let (quiet, recheck) = (heard.clone(), server.health.recheck_handle());
         let mut ping = connection.ping_pong().expect("the first call");
         let (pinger, mut asks) = tokio::sync::mpsc::unbounded_channel::<PingAsk>();
         tokio::spawn(async move {
-            // PINGs every KEEPALIVE_EVERY, and whenever the health probe asks for one; a
-            // PING unanswered for KEEPALIVE_TIMEOUT ends the connection.
+            // A PING when the connection was quiet for KEEPALIVE_IDLE, and whenever a
+            // waiting request asks for one; a PING unanswered for KEEPALIVE_TIMEOUT ends it.
             let keepalive = async {
                 loop {
                     let asked = tokio::select! {
-                        () = tokio::time::sleep(KEEPALIVE_EVERY) => None,
+                        () = quiet_for(&quiet, KEEPALIVE_IDLE) => None,
                         ask = asks.recv() => ask,
                     };
                     let sent = Instant::now();
@@ -276,17 +299,33 @@ impl Channel {
                     KEEPALIVE_TIMEOUT.as_secs()
                 ),
             }
+            // However it ended, the server is checked now rather than at the next request:
+            // a killed server refuses the new connection and is marked down at once.
+            recheck.ask();
         });
-        Ok((sender, pinger))
+        Ok((sender, pinger, heard))
     }
 }
 
-/// The connection's byte stream, stamping its server's health with the time of every
-/// read: bytes arriving (an answer, a watch event) are proof of life however slow the
-/// answers are.
+/// Resolves once nothing has arrived on the stamp's connections for `idle`.
+async fn quiet_for(heard: &AtomicU64, idle: Duration) {
+    loop {
+        let since = super::health::now_ms().saturating_sub(heard.load(Ordering::Relaxed));
+        let left = idle.saturating_sub(Duration::from_millis(since));
+        if left.is_zero() {
+            return;
+        }
+        tokio::time::sleep(left).await;
+    }
+}
+
+/// The connection's byte stream, stamping the connection and its server's health with
+/// the time of every read: bytes arriving (an answer, a watch event) are proof of life
+/// however slow the answers are.
 struct Heard<T> {
     inner: T,
-    stamp: Arc<AtomicU64>,
+    server: Arc<AtomicU64>,
+    connection: Arc<AtomicU64>,
 }
 
 impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Heard<T> {
@@ -298,7 +337,9 @@ impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Heard<T> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
-            self.stamp.store(super::health::now_ms(), Ordering::Relaxed);
+            let now = super::health::now_ms();
+            self.server.store(now, Ordering::Relaxed);
+            self.connection.store(now, Ordering::Relaxed);
         }
         polled
     }

@@ -1,5 +1,6 @@
 //! The cloud apiservers: several servers balanced round-robin over the healthy ones, each
-//! health-checked by an active `/readyz` probe and by passive signals from real traffic.
+//! judged by the traffic on its connections, with a `/readyz` probe only when that traffic
+//! says nothing (see `health`).
 //! Two identities: one presents no client certificate (requests carrying the pod's own
 //! bearer token), one presents the node identity (kubelet-style requests); each has one
 //! HTTP/2 connection per server (`channel`), or hyper's pooled HTTP/1.1 client for servers
@@ -32,9 +33,11 @@ use super::{
     identity::{ClientIdentity, client_config},
 };
 
-/// How often each server is probed; with two failures needed (each a probe that waits
-/// at most 600 ms, see `health`), a frozen or dead server is seen within a second.
+/// How often the prober looks at each server, and probes the ones due (`Health::probe_due`):
+/// a server that is down is probed this often, so its return is seen within a second.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(400);
+/// After how long without an answer or a byte from a healthy server it gets a `/readyz`.
+pub const DEFAULT_IDLE_CHECK: Duration = Duration::from_secs(60);
 /// How long a request already waiting on a server marked unhealthy gives its connection
 /// to answer a PING before it goes to the next route.
 const IN_FLIGHT_PATIENCE: Duration = Duration::from_secs(1);
@@ -93,6 +96,9 @@ pub struct Cloud {
     transports: RwLock<Arc<Transports>>,
     roots: rustls::RootCertStore,
     mark: u32,
+    /// Woken when a server asks to be checked now (a connection to it ended).
+    prober: Arc<tokio::sync::Notify>,
+    idle_check: Duration,
 }
 
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -117,6 +123,7 @@ impl Cloud {
         node: Option<&ClientIdentity>,
         mark: u32,
     ) -> Result<Cloud, String> {
+        let prober = Arc::new(tokio::sync::Notify::new());
         let servers = urls
             .iter()
             .enumerate()
@@ -128,7 +135,7 @@ impl Cloud {
                     Scheme::try_from(url.scheme.as_str()).map_err(|e| bad(e.into()))?,
                     Authority::try_from(url.authority()).map_err(|e| bad(e.into()))?,
                     url,
-                    Health::default(),
+                    Health::new(prober.clone()),
                 )))
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -139,7 +146,15 @@ impl Cloud {
             transports: RwLock::new(Arc::new(transports)),
             roots,
             mark,
+            prober,
+            idle_check: DEFAULT_IDLE_CHECK,
         })
+    }
+
+    /// How long a healthy server may say nothing before a `/readyz` checks it.
+    pub fn with_idle_check(mut self, idle: Duration) -> Cloud {
+        self.idle_check = idle;
+        self
     }
 
     fn transports(
@@ -249,20 +264,50 @@ impl Cloud {
     /// it to). A server that cannot be connected to is marked and the next one is tried,
     /// which is safe for any method because nothing was sent.
     /// Ends when a server that was healthy as a request went out is found silent while
-    /// the request waits: marked unhealthy, and its connection no longer answering a PING.
-    /// Never ends for a server already unhealthy (its answer is waited for).
+    /// the request waits for its answer: nothing came on its connection for a probe wait,
+    /// and a PING then got no answer within another (the server is marked down). A server
+    /// judged down meanwhile by someone else must fail a PING too. Never ends for a server
+    /// already unhealthy (its answer is waited for). Slow is not silent: a loaded server
+    /// building a large answer still answers PINGs at once.
     async fn silent_while_waiting(server: &Server, channel: &Channel) {
         if !server.health.is_healthy() {
             return std::future::pending().await;
         }
         loop {
-            server.health.unhealthy().await;
-            let alive = channel.ping(IN_FLIGHT_PATIENCE).await.is_some()
-                || server.health.heard_within(IN_FLIGHT_PATIENCE);
-            if !alive {
-                return;
+            let wait = server.health.probe_wait();
+            let judged_down = tokio::select! {
+                () = server.health.unhealthy() => true,
+                () = tokio::time::sleep(wait) => false,
+            };
+            if judged_down {
+                let alive = channel.ping(IN_FLIGHT_PATIENCE).await.is_some()
+                    || server.health.heard_within(IN_FLIGHT_PATIENCE);
+                if !alive {
+                    return;
+                }
+                tokio::time::sleep(PROBE_INTERVAL).await;
+                continue;
             }
-            tokio::time::sleep(PROBE_INTERVAL).await;
+            if channel.heard_within(wait) {
+                continue;
+            }
+            if !channel.connected() {
+                // Still connecting: the prober's connect decides (see `Health::failure`).
+                server.health.recheck_handle().ask();
+                continue;
+            }
+            if let Some(rtt) = channel.ping(wait).await {
+                server.health.pinged(rtt);
+                continue;
+            }
+            if channel.heard_within(wait * 2) {
+                continue;
+            }
+            server.health.unreachable(&format!(
+                "silent: a request got no byte and a PING no answer within {} ms",
+                (wait * 2).as_millis()
+            ));
+            return;
         }
     }
 
@@ -371,8 +416,9 @@ impl Cloud {
         })
     }
 
-    /// Probes every server until `stop` turns true; `offline` says in the log what the
-    /// node does while the cloud is unreachable.
+    /// Probes the servers that are due (`Health::probe_due`) until `stop` turns true;
+    /// `offline` says in the log what the node does while the cloud is unreachable. A
+    /// healthy server with traffic on its connections is never probed.
     pub async fn probe_forever(
         self: Arc<Self>,
         mut stop: tokio::sync::watch::Receiver<bool>,
@@ -385,6 +431,7 @@ impl Cloud {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
+                () = self.prober.notified() => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
             if self.health_known() {
@@ -395,61 +442,60 @@ impl Cloud {
             let probes: Vec<_> = self
                 .servers
                 .iter()
+                .filter(|s| s.health.probe_due(self.idle_check))
                 .cloned()
-                .map(|s| {
-                    let transports = transports.clone();
-                    tokio::spawn(async move {
-                        let readyz = |s: &Server| {
-                            Request::get(s.uri(PathAndQuery::from_static("/readyz")))
-                                .body(Bytes::new())
-                                .expect("probe request")
-                        };
-                        let transport = transports.of(AsWho::Node);
-                        let probe = async {
-                            match Self::attempt(transport, &s, readyz(&s)).await {
-                                // Not processed: once more, on a new connection if need be.
-                                Err(ChannelError::Refused(_)) => {
-                                    Self::attempt(transport, &s, readyz(&s)).await
-                                }
-                                answered => answered,
-                            }
-                        };
-                        // A PING beside /readyz: a loaded server answers it at once, a frozen
-                        // or cut-off one does not.
-                        let wait = s.health.probe_wait();
-                        let (answer, pong) = tokio::join!(
-                            tokio::time::timeout(wait, probe),
-                            transport.channels[s.index].ping(wait)
-                        );
-                        if let Some(rtt) = pong {
-                            s.health.pinged(rtt);
-                        }
-                        match answer {
-                            Ok(Ok(resp)) if resp.status().is_server_error() => s
-                                .health
-                                .soft_failure(&format!("/readyz answered {}", resp.status())),
-                            // Any other answer (even 401/403) means the server is up and serving.
-                            Ok(Ok(_)) => s.health.success(),
-                            Ok(Err(ChannelError::Connect(e))) => {
-                                s.health.unreachable(&format!("/readyz: connect: {e}"))
-                            }
-                            Ok(Err(e)) => s.health.failure(&format!("/readyz: {e}")),
-                            // Slow, not down: it answered the PING, or is sending bytes.
-                            Err(_) if pong.is_some() || s.health.heard_within(wait) => {
-                                s.health.success()
-                            }
-                            Err(_) => s.health.failure(&format!(
-                                "silent: no answer to /readyz or a PING, and no byte, within {} ms",
-                                wait.as_millis()
-                            )),
-                        }
-                    })
-                })
+                .map(|s| tokio::spawn(Self::probe(transports.clone(), s)))
                 .collect();
             // Probes run concurrently; a dead server does not delay the others.
             for p in probes {
                 let _ = p.await;
             }
+            if self.health_known() {
+                seen = Some(self.log_transition(seen, offline));
+            }
+        }
+    }
+
+    /// One `/readyz` to `s`, with a PING beside it: a loaded server answers the PING at
+    /// once, a frozen or cut-off one does not.
+    async fn probe(transports: Arc<Transports>, s: Arc<Server>) {
+        let readyz = |s: &Server| {
+            Request::get(s.uri(PathAndQuery::from_static("/readyz")))
+                .body(Bytes::new())
+                .expect("probe request")
+        };
+        let transport = transports.of(AsWho::Node);
+        let probe = async {
+            match Self::attempt(transport, &s, readyz(&s)).await {
+                // Not processed: once more, on a new connection if need be.
+                Err(ChannelError::Refused(_)) => Self::attempt(transport, &s, readyz(&s)).await,
+                answered => answered,
+            }
+        };
+        let wait = s.health.probe_wait();
+        let (answer, pong) = tokio::join!(
+            tokio::time::timeout(wait, probe),
+            transport.channels[s.index].ping(wait)
+        );
+        if let Some(rtt) = pong {
+            s.health.pinged(rtt);
+        }
+        match answer {
+            Ok(Ok(resp)) if resp.status().is_server_error() => s
+                .health
+                .soft_failure(&format!("/readyz answered {}", resp.status())),
+            // Any other answer (even 401/403) means the server is up and serving.
+            Ok(Ok(_)) => s.health.success(),
+            Ok(Err(ChannelError::Connect(e))) => {
+                s.health.unreachable(&format!("/readyz: connect: {e}"))
+            }
+            Ok(Err(e)) => s.health.failure(&format!("/readyz: {e}")),
+            // Slow, not down: it answered the PING, or is sending bytes.
+            Err(_) if pong.is_some() || s.health.heard_within(wait) => s.health.success(),
+            Err(_) => s.health.failure(&format!(
+                "silent: no answer to /readyz or a PING, and no byte, within {} ms",
+                wait.as_millis()
+            )),
         }
     }
 }

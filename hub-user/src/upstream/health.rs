@@ -1,6 +1,9 @@
-//! Health of one upstream server, from active probes and from real traffic, with
-//! hysteresis: a couple of consecutive failures make it unhealthy (well under a second
-//! with the probe interval), a couple of consecutive successes make it healthy again.
+//! Health of one upstream server, judged from the traffic already on its connections
+//! (answers, watch events and bookmarks, PING acknowledgements, a connection's end), with
+//! an active `/readyz` probe only when nothing else tells: while it is unhealthy or not
+//! yet known, when a connection to it ended, and after a quiet minute. Hysteresis: a
+//! couple of consecutive failures make it unhealthy, a couple of successes healthy again;
+//! the very first verdict after start decides at once (nothing was known before it).
 //!
 //! Slow is not down (OpenYurt #1462): a probe that gets no answer in time counts as a
 //! failure only when the server is *silent* — no byte arrived from it in that time (an
@@ -50,10 +53,40 @@ pub struct Health {
     heard: Arc<AtomicU64>,
     /// Smoothed PING round trip on its connection, in microseconds (0: none yet).
     rtt_us: AtomicU64,
+    /// When it last answered a request or probe ([`now_ms`]).
+    answered: AtomicU64,
+    /// Asks the prober to check this server now (a connection to it ended).
+    recheck: Arc<Recheck>,
+}
+
+/// A request for the prober to check a server at once rather than at its next due time:
+/// set from a connection's task, read by the prober.
+#[derive(Debug)]
+pub struct Recheck {
+    asked: AtomicBool,
+    prober: Arc<tokio::sync::Notify>,
+}
+
+impl Recheck {
+    pub fn ask(&self) {
+        self.asked.store(true, Ordering::SeqCst);
+        self.prober.notify_one();
+    }
+
+    fn take(&self) -> bool {
+        self.asked.swap(false, Ordering::SeqCst)
+    }
 }
 
 impl Default for Health {
     fn default() -> Self {
+        Health::new(Arc::default())
+    }
+}
+
+impl Health {
+    /// A server's health whose recheck requests wake `prober` (shared by a cloud's servers).
+    pub fn new(prober: Arc<tokio::sync::Notify>) -> Self {
         // Optimistic at start: the first real request or probe decides.
         Health {
             healthy: AtomicBool::new(true),
@@ -66,11 +99,14 @@ impl Default for Health {
             went_down: tokio::sync::Notify::new(),
             heard: Arc::new(AtomicU64::new(0)),
             rtt_us: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+            recheck: Arc::new(Recheck {
+                asked: AtomicBool::new(false),
+                prober,
+            }),
         }
     }
-}
 
-impl Health {
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::SeqCst)
     }
@@ -139,7 +175,22 @@ impl Health {
         (rtt * 4).clamp(PROBE_WAIT_MIN, PROBE_WAIT_MAX)
     }
 
+    /// What a connection's task calls to have this server checked now.
+    pub fn recheck_handle(&self) -> Arc<Recheck> {
+        self.recheck.clone()
+    }
+
+    /// Whether the prober should check this server now: it is down or not yet known, a
+    /// connection to it ended, or nothing (no answer, no byte) came from it for `idle`.
+    pub fn probe_due(&self, idle: Duration) -> bool {
+        let asked = self.recheck.take();
+        let answered = self.answered.load(Ordering::Relaxed);
+        let quiet = answered == 0 || now_ms().saturating_sub(answered) > idle.as_millis() as u64;
+        asked || !self.is_healthy() || !self.is_known() || (quiet && !self.heard_within(idle))
+    }
+
     pub fn success(&self) {
+        self.answered.store(now_ms(), Ordering::Relaxed);
         self.known.store(true, Ordering::SeqCst);
         self.fails.store(0, Ordering::SeqCst);
         self.soft_fails.store(0, Ordering::SeqCst);
@@ -149,12 +200,14 @@ impl Health {
         }
     }
 
-    /// A transport failure or timeout.
+    /// A transport failure or timeout. The first verdict after start needs no second
+    /// opinion: the optimistic start was no evidence, and a hub booting while its link is
+    /// silent must answer from its cache at once rather than after connect timeouts.
     pub fn failure(&self, why: &str) {
-        self.known.store(true, Ordering::SeqCst);
+        let first = !self.known.swap(true, Ordering::SeqCst);
         self.oks.store(0, Ordering::SeqCst);
         *self.last_error.lock().unwrap() = why.to_string();
-        if self.fails.fetch_add(1, Ordering::SeqCst) + 1 >= FAILS_TO_UNHEALTHY {
+        if self.fails.fetch_add(1, Ordering::SeqCst) + 1 >= FAILS_TO_UNHEALTHY || first {
             self.set(false);
         }
     }
@@ -187,6 +240,7 @@ mod tests {
     #[test]
     fn hysteresis_both_ways() {
         let h = Health::default();
+        h.success();
         h.failure("refused");
         assert!(h.is_healthy(), "one failure is not enough");
         h.success();
@@ -232,6 +286,7 @@ mod tests {
     fn waiters_learn_of_the_fall_without_polling() {
         use std::{future::Future, pin::pin, task::Context};
         let h = Health::default();
+        h.success();
         let mut waiting = pin!(h.unhealthy());
         let mut cx = Context::from_waker(std::task::Waker::noop());
         assert!(waiting.as_mut().poll(&mut cx).is_pending());
@@ -240,5 +295,35 @@ mod tests {
         h.failure("refused");
         assert!(waiting.as_mut().poll(&mut cx).is_ready());
         assert!(pin!(h.unhealthy()).poll(&mut cx).is_ready(), "already down");
+    }
+
+    #[test]
+    fn the_first_verdict_decides_at_once() {
+        let h = Health::default();
+        assert!(h.is_healthy() && !h.is_known(), "optimistic, unknown");
+        h.failure("connect: timed out");
+        assert!(!h.is_healthy(), "a silent link at start is not waited out");
+        let h = Health::default();
+        h.success();
+        h.failure("timed out");
+        assert!(h.is_healthy(), "once known, one failure is not enough");
+    }
+
+    #[test]
+    fn a_probe_is_due_only_when_nothing_else_tells() {
+        let idle = Duration::from_secs(60);
+        let h = Health::default();
+        assert!(h.probe_due(idle), "not known yet");
+        h.success();
+        assert!(!h.probe_due(idle), "just answered");
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(h.probe_due(Duration::from_millis(50)), "quiet for longer than `idle`");
+        h.heard_handle().store(now_ms(), Ordering::Relaxed);
+        assert!(!h.probe_due(Duration::from_millis(50)), "a watch event arrived");
+        h.recheck_handle().ask();
+        assert!(h.probe_due(idle), "a connection ended");
+        assert!(!h.probe_due(idle), "asked once, checked once");
+        h.unreachable("refused");
+        assert!(h.probe_due(idle), "down: probed until it is back");
     }
 }
