@@ -33,7 +33,12 @@ fn route(state: &HubState, req: &Request<Incoming>) -> Response<AdminBody> {
     match req.uri().path() {
         "/healthz" | "/livez" => respond(StatusCode::OK, "text/plain", "ok"),
         "/readyz" if state.is_ready() => respond(StatusCode::OK, "text/plain", "ok"),
-        "/readyz" => respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready"),
+        "/readyz" => {
+            let why = state
+                .serving_certificate()
+                .map_or_else(|| "not ready".to_string(), |w| format!("not ready: {w}"));
+            respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", why)
+        }
         "/metrics" => respond(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
@@ -373,6 +378,12 @@ pub fn render(s: &StatusReport) -> String {
         s.node_name, s.version, s.pid
     );
     let _ = writeln!(out, "ready:        {}", if s.ready { "yes" } else { "no" });
+    if let Some(pending) = &s.serving_certificate {
+        let _ = writeln!(out, "serving cert: {pending}");
+    }
+    for line in &s.node_layout {
+        let _ = writeln!(out, "found:        {line}");
+    }
     let _ = writeln!(
         out,
         "interception: {intercept} (eBPF object {})",

@@ -16,7 +16,10 @@ use hyper::Method;
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, SanType};
 use serde_json::{Value, json};
 
-use crate::upstream::{Cloud, cloud::AsWho};
+use crate::{
+    state::HubState,
+    upstream::{Cloud, cloud::AsWho},
+};
 
 pub const SIGNER: &str = "kubernetes.io/kubelet-serving";
 /// Renew when this share of the lifetime has passed.
@@ -95,14 +98,19 @@ async fn call(
         .map_err(CertError::Cloud)
 }
 
+/// After how long a CSR still waiting is announced as an Event on the hub's pod.
+const ANNOUNCE_AFTER: Duration = Duration::from_secs(10);
+
 /// Requests a serving certificate for `sans` and waits (up to `wait`) for the cloud to
-/// approve and sign it; stores the pair in `managed`.
+/// approve and sign it; stores the pair in `managed`. While the CSR waits, `state` says
+/// so (`hub status`, `/readyz`), and once, as an Event on the hub's pod.
 pub async fn request(
     cloud: &Cloud,
     node: &str,
     sans: &[String],
     managed: &Managed,
     wait: Duration,
+    state: &HubState,
 ) -> Result<(), CertError> {
     let key = KeyPair::generate().map_err(|e| CertError::Io(e.to_string()))?;
     let mut params = CertificateParams::default();
@@ -152,8 +160,10 @@ pub async fn request(
         });
     }
     tracing::info!(csr = %name, "serving certificate requested; waiting for approval");
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
+    let asked = tokio::time::Instant::now();
+    let deadline = asked + wait;
+    let mut announced = false;
+    let outcome = loop {
         let (_, csr) = call(cloud, Method::GET, &format!("{base}/{name}"), None).await?;
         let conditions = csr["status"]["conditions"]
             .as_array()
@@ -163,7 +173,7 @@ pub async fn request(
             .iter()
             .find(|c| c["type"] == "Denied" || c["type"] == "Failed")
         {
-            return Err(CertError::Csr {
+            break Err(CertError::Csr {
                 name,
                 reason: format!("{}: {}", c["type"], c["message"].as_str().unwrap_or("")),
             });
@@ -181,24 +191,84 @@ pub async fn request(
             let cert_pem = String::from_utf8_lossy(&cert_pem).into_owned();
             managed.store(&key.serialize_pem(), &cert_pem)?;
             tracing::info!(csr = %name, "serving certificate issued");
-            return Ok(());
+            break Ok(());
         }
         if tokio::time::Instant::now() > deadline {
-            return Err(CertError::Csr {
+            break Err(CertError::Csr {
                 name,
                 reason: "not approved and signed in time".into(),
             });
         }
+        let approved = conditions.iter().any(|c| c["type"] == "Approved");
+        let waiting = asked.elapsed().as_secs();
+        state.set_serving_certificate(Some(if approved {
+            format!("CSR {name} is approved and waits for the signer ({waiting} s)")
+        } else {
+            format!(
+                "CSR {name} waits for approval ({waiting} s): the hub's approver \
+                 (deploy/base/approver.yaml) approves it, or `kubectl certificate approve {name}`"
+            )
+        }));
+        if !announced && asked.elapsed() >= ANNOUNCE_AFTER {
+            announced = true;
+            announce_pending(cloud, node, &name).await;
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    state.set_serving_certificate(None);
+    outcome
+}
+
+/// A Warning Event on the hub's own pod (named by the downward API's POD_NAME,
+/// POD_NAMESPACE and POD_UID) saying that its CSR waits; nothing outside a pod.
+async fn announce_pending(cloud: &Cloud, node: &str, csr: &str) {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let (Some(pod), Some(namespace)) = (env("POD_NAME"), env("POD_NAMESPACE")) else {
+        return;
+    };
+    let now = crate::x509::unix_to_rfc3339(now_unix() as i64);
+    let event = json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": format!("{pod}."), "namespace": namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod,
+            "namespace": namespace, "uid": env("POD_UID").unwrap_or_default()},
+        "reason": "ServingCertificatePending",
+        "message": format!(
+            "the hub's serving certificate request {csr} waits for approval: the hub is not \
+             ready until it is approved (deploy/base/approver.yaml approves it; or \
+             kubectl certificate approve {csr})"
+        ),
+        "type": "Warning",
+        "source": {"component": "hub", "host": node},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    });
+    let path = format!("/api/v1/namespaces/{namespace}/events");
+    match call(cloud, Method::POST, &path, Some(&event)).await {
+        Ok((201, _)) => tracing::info!(csr, pod, "said on the pod that the CSR waits"),
+        Ok((code, answer)) => tracing::warn!(
+            csr,
+            "the pod's Event about the waiting CSR was refused ({code}): {}",
+            answer["message"].as_str().unwrap_or("")
+        ),
+        Err(e) => tracing::warn!(csr, "the pod's Event about the waiting CSR: {e}"),
     }
 }
 
 /// Gets a fresh pair if needed: returns once `managed` holds a usable certificate,
 /// retrying with backoff while the cloud is unreachable or the CSR is not approved.
-pub async fn ensure(cloud: &Cloud, node: &str, sans: &[String], managed: &Managed) {
+pub async fn ensure(
+    cloud: &Cloud,
+    node: &str,
+    sans: &[String],
+    managed: &Managed,
+    state: &HubState,
+) {
     let mut backoff = Duration::from_secs(1);
     while !managed.fresh(now_unix()) {
-        match request(cloud, node, sans, managed, Duration::from_secs(300)).await {
+        match request(cloud, node, sans, managed, Duration::from_secs(300), state).await {
             Ok(()) => return,
             Err(e) => {
                 // An old pair that still works is used until the renewal succeeds.
@@ -230,6 +300,7 @@ pub async fn renew_forever(
     node: String,
     sans: Vec<String>,
     managed: Managed,
+    state: Arc<HubState>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
@@ -240,7 +311,7 @@ pub async fn renew_forever(
             _ = stop.wait_for(|s| *s) => return,
         }
         if !managed.fresh(now_unix()) {
-            ensure(&cloud, &node, &sans, &managed).await;
+            ensure(&cloud, &node, &sans, &managed, &state).await;
         }
     }
 }

@@ -1,10 +1,15 @@
 //! The command line: `hub run | status | trace | cache | bpf status | install | approver |
 //! uninstall`.
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    sync::Arc,
+};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{admin, config::Config, daemon, intercept, owner};
+use crate::{admin, config::Config, daemon, intercept, node_layout, owner};
 
 #[derive(Parser)]
 #[command(
@@ -104,6 +109,21 @@ struct InstallArgs {
     /// Remove the unit, the binary and the installed configuration (the cache stays).
     #[arg(long)]
     uninstall: bool,
+    /// The host's init system: `auto` installs the unit only where systemd booted the host
+    /// (as sd_booted(3): `<host-run>/systemd/system` is a directory), `systemd` always,
+    /// `none` never (the node then relies on the DaemonSet alone).
+    #[arg(long, value_enum, default_value = "auto")]
+    init_system: InitSystem,
+    /// The host's /run, as this process sees it (for --init-system auto).
+    #[arg(long, default_value = "/run")]
+    host_run: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum InitSystem {
+    Auto,
+    Systemd,
+    None,
 }
 
 /// Where a running hub's admin port is.
@@ -257,9 +277,16 @@ struct RunArgs {
     /// starts, stand by until it stops.
     #[arg(long)]
     host_instance: bool,
-    /// Only parse and validate the configuration, print `config ok` and exit.
+    /// Only check: parse and validate the configuration, find what it leaves unset on the
+    /// node (kubelet kubeconfig and client CA by distribution layout, the cgroup2
+    /// hierarchy), check that the files it names hold what the hub reads, print what was
+    /// found and `config ok`, and exit (2 on a problem).
     #[arg(long)]
     check: bool,
+    /// With --check: the node's root directory, for checking a node laid out elsewhere
+    /// (its files and its proc/self/mountinfo are read under it).
+    #[arg(long, default_value = "/", requires = "check")]
+    node_root: PathBuf,
     /// Override listen.admin.
     #[arg(long)]
     admin: Option<SocketAddr>,
@@ -396,7 +423,25 @@ fn install(args: InstallArgs) -> Result<String, String> {
     let vips: Vec<SocketAddr> = intercept::discover::service_from_env()
         .into_iter()
         .collect();
-    install(&config, args.node_name.as_deref(), &vips, &args.unit_dir)
+    let booted = args.host_run.join("systemd/system");
+    let why_not = match args.init_system {
+        InitSystem::Systemd => None,
+        InitSystem::None => Some("--init-system none".to_string()),
+        InitSystem::Auto if booted.is_dir() => None,
+        InitSystem::Auto => Some(format!(
+            "systemd did not boot this node ({} is not there)",
+            booted.display()
+        )),
+    };
+    match why_not {
+        None => install(&config, args.node_name.as_deref(), &vips, &args.unit_dir),
+        Some(why) => Ok(format!(
+            "host copy not installed: {why}. This node relies on the DaemonSet alone: after a \
+             reboot while the cloud is unreachable the kubelet cannot learn its pods, so \
+             neither the hub nor the node's pods start until the cloud is back (see the \
+             README's node layouts)"
+        )),
+    }
 }
 
 fn trace(args: TraceArgs) -> ExitCode {
@@ -593,7 +638,7 @@ fn run(args: RunArgs) -> ExitCode {
         config.cloud.servers = args.cloud_servers;
     }
     if let Some(p) = args.cgroup_path {
-        config.intercept.cgroup_path = p;
+        config.intercept.cgroup_path = Some(p);
     }
     if let Some(p) = args.pin_path {
         config.intercept.pin_path = p;
@@ -604,13 +649,32 @@ fn run(args: RunArgs) -> ExitCode {
     if let Some(a) = args.admin {
         config.listen.admin = a;
     }
+    match node_layout::resolve(&mut config, &args.node_root) {
+        Ok(found) => config.node_layout = found,
+        Err(e) => {
+            eprintln!("hub: {}: {e}", args.config.display());
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    }
     if let Err(e) = config.validate() {
         eprintln!("hub: invalid config {}: {e}", args.config.display());
         return ExitCode::from(EXIT_CONFIG);
     }
     if args.check {
-        for w in intercept::scope::warnings(&config) {
-            eprintln!("hub: warning: {w}");
+        for line in &config.node_layout.found {
+            println!("{line}");
+        }
+        let problems = node_layout::check_files(&config, &args.node_root);
+        for p in &problems {
+            eprintln!("hub: {p}");
+        }
+        if !problems.is_empty() {
+            return ExitCode::from(EXIT_CONFIG);
+        }
+        if args.node_root == Path::new("/") {
+            for w in intercept::scope::warnings(&config) {
+                eprintln!("hub: warning: {w}");
+            }
         }
         println!("config ok: {}", args.config.display());
         return ExitCode::SUCCESS;

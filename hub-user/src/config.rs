@@ -55,6 +55,9 @@ pub struct Config {
     pub cache: CacheConfig,
     #[serde(default)]
     pub coordinator: CoordinatorConfig,
+    /// What was found on the node at start for what the file left unset (not read from it).
+    #[serde(skip)]
+    pub node_layout: crate::node_layout::Resolved,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -80,8 +83,10 @@ pub struct InterceptConfig {
     #[serde(default = "yes")]
     pub enabled: bool,
     /// The cgroup v2 directory the programs attach to (every process below it is covered).
-    #[serde(default = "default_cgroup_path")]
-    pub cgroup_path: PathBuf,
+    /// Unset: the node's cgroup2 hierarchy, found at start in mountinfo (`/sys/fs/cgroup`
+    /// on a unified host, `/sys/fs/cgroup/unified` on a hybrid one).
+    #[serde(default)]
+    pub cgroup_path: Option<PathBuf>,
     /// The cgroup the node's pods live under. Connections from below it reach the hub
     /// only through a VIP, and never speak as the node. Unset: kubelet's defaults under
     /// the cgroup mount, `kubepods.slice` (systemd driver) and `kubepods` (cgroupfs).
@@ -224,9 +229,6 @@ pub struct CoordinatorConfig {
 fn yes() -> bool {
     true
 }
-fn default_cgroup_path() -> PathBuf {
-    "/sys/fs/cgroup".into()
-}
 fn default_hub_address() -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(169, 254, 2, 1))
 }
@@ -304,11 +306,21 @@ fn default_pool_scope() -> Vec<String> {
     .to_vec()
 }
 
+impl InterceptConfig {
+    /// The cgroup the programs attach to: `cgroupPath`, as configured or as found at start
+    /// (`crate::node_layout::resolve`); `/sys/fs/cgroup` if neither.
+    pub fn cgroup(&self) -> &Path {
+        self.cgroup_path
+            .as_deref()
+            .unwrap_or(Path::new("/sys/fs/cgroup"))
+    }
+}
+
 impl Default for InterceptConfig {
     fn default() -> Self {
         InterceptConfig {
             enabled: true,
-            cgroup_path: default_cgroup_path(),
+            cgroup_path: None,
             pods_cgroup_path: None,
             hub_address: default_hub_address(),
             hub_address6: None,
@@ -444,12 +456,8 @@ impl Config {
                 return Err(invalid(field, "must be at least 1 second"));
             }
         }
-        if self.cloud.servers.is_empty() && self.cloud.kubeconfig.is_none() {
-            return Err(invalid(
-                "cloud.servers",
-                "at least one cloud apiserver URL is required (or cloud.kubeconfig)",
-            ));
-        }
+        // Neither cloud.servers nor cloud.kubeconfig: the kubelet's kubeconfig is looked
+        // for at start (`node_layout::resolve`), which says what it tried if none is there.
         for (i, s) in self.cloud.servers.iter().enumerate() {
             ServerUrl::parse(s).map_err(|reason| invalid(format!("cloud.servers[{i}]"), reason))?;
         }
@@ -507,7 +515,12 @@ impl Config {
                 "must be non-zero, or the hub's own connections would loop",
             ));
         }
-        if !self.intercept.cgroup_path.is_absolute() {
+        if self
+            .intercept
+            .cgroup_path
+            .as_ref()
+            .is_some_and(|p| !p.is_absolute())
+        {
             return Err(invalid("intercept.cgroupPath", "must be an absolute path"));
         }
         if self
@@ -667,7 +680,6 @@ coordinator:
                 "nodeName: Edge_1\ncloud: {servers: [\"https://a:1\"]}",
                 "nodeName",
             ),
-            ("nodeName: a\n", "cloud.servers"),
             (
                 "nodeName: a\ncloud: {servers: [\"ftp://a\"]}",
                 "cloud.servers[0]",

@@ -192,7 +192,7 @@ async fn serving_tls(
     config: &Config,
     cloud: &Arc<Cloud>,
     vips: &[SocketAddr],
-    state: &HubState,
+    state: &Arc<HubState>,
     stop: &watch::Receiver<bool>,
 ) -> Result<Option<tokio_rustls::TlsAcceptor>, DaemonError> {
     let (cert, key) = match (&config.tls.cert_file, &config.tls.key_file) {
@@ -204,13 +204,14 @@ async fn serving_tls(
             );
             let sans = serving_sans(config, vips);
             state.set_intercept(InterceptState::Starting);
-            certs::ensure(cloud, &config.node_name, &sans, &managed).await;
+            certs::ensure(cloud, &config.node_name, &sans, &managed, state).await;
             let (c, k) = (managed.cert.clone(), managed.key.clone());
             tokio::spawn(certs::renew_forever(
                 cloud.clone(),
                 config.node_name.clone(),
                 sans,
                 managed,
+                state.clone(),
                 stop.clone(),
             ));
             (c, k)
@@ -258,6 +259,10 @@ pub async fn run(
     handover: impl Future<Output = ()>,
 ) -> Result<Stopped, DaemonError> {
     let state = Arc::new(HubState::new(&config.node_name));
+    for line in &config.node_layout.found {
+        tracing::info!("{line}");
+    }
+    state.set_node_layout(config.node_layout.found.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let cloud = Arc::new(cloud_from_config(&config)?);
     state.set_cloud(cloud.clone());
@@ -278,7 +283,7 @@ pub async fn run(
     let admin_listener = bind(config.listen.admin).await?;
     let pods = crate::proxy::peer::PodCgroups::new(
         config.intercept.pods_cgroup_path.as_deref(),
-        &config.intercept.cgroup_path,
+        config.intercept.cgroup(),
     );
     tracing::info!(found = ?pods.present(), "the pods' cgroups");
     for w in crate::intercept::scope::warnings(&config) {
@@ -376,7 +381,7 @@ pub async fn run(
         state.set_intercept(InterceptState::Disabled);
     } else {
         match Interceptor::load(
-            &config.intercept.cgroup_path,
+            config.intercept.cgroup(),
             &config.intercept.pin_path,
             config.intercept.bypass_mark,
         ) {
@@ -449,7 +454,7 @@ pub async fn run(
         state.set_intercept(InterceptState::Attached);
         // Clients that connected while the hub was not running still hold connections
         // straight to the apiserver: end them, so they connect again through the hub.
-        let (cgroup, mark) = (&config.intercept.cgroup_path, config.intercept.bypass_mark);
+        let (cgroup, mark) = (config.intercept.cgroup(), config.intercept.bypass_mark);
         let ended = match intercept::bypass::end(&vips, cgroup, mark) {
             Ok(0) => 0,
             Ok(n) => {
@@ -466,7 +471,7 @@ pub async fn run(
         };
         state.watch_bypass(crate::state::BypassWatch {
             vips: vips.clone(),
-            cgroup: cgroup.clone(),
+            cgroup: cgroup.to_path_buf(),
             mark,
             ended_at_start: ended,
         });

@@ -17,6 +17,7 @@ pub mod intercept;
 pub mod kproto;
 pub mod live;
 pub mod metrics;
+pub mod node_layout;
 pub mod owner;
 pub mod proxy;
 pub mod relay;

@@ -124,6 +124,12 @@ pub struct StatusReport {
     /// intercepting.
     #[serde(default)]
     pub bypass: Option<BypassStatus>,
+    /// What was found on the node at start: layout, kubeconfig, client CA, cgroup2.
+    #[serde(default)]
+    pub node_layout: Vec<String>,
+    /// Set while the serving certificate's CSR waits for approval.
+    #[serde(default)]
+    pub serving_certificate: Option<String>,
 }
 
 /// Connections to VIPs that bypass the hub (opened while it was not running).
@@ -172,6 +178,9 @@ pub struct HubState {
     recent: Mutex<VecDeque<ConnRecord>>,
     bypass: OnceLock<BypassWatch>,
     tracer: OnceLock<Arc<Tracer>>,
+    node_layout: Mutex<Vec<String>>,
+    /// Why the serving certificate is not there yet (its CSR waits for approval).
+    serving_certificate: Mutex<Option<String>>,
 }
 
 /// Decrements the active count when a connection ends, however it ends.
@@ -206,6 +215,8 @@ impl HubState {
             recent: Mutex::new(VecDeque::with_capacity(RECENT)),
             bypass: OnceLock::new(),
             tracer: OnceLock::new(),
+            node_layout: Mutex::new(Vec::new()),
+            serving_certificate: Mutex::new(None),
         }
     }
 
@@ -268,6 +279,20 @@ impl HubState {
             }
         }
         self.metrics.encode()
+    }
+
+    /// What was found on the node at start (`node_layout::Resolved::found`).
+    pub fn set_node_layout(&self, found: Vec<String>) {
+        *self.node_layout.lock().unwrap() = found;
+    }
+
+    /// Says why the hub has no serving certificate yet; None once it has one.
+    pub fn set_serving_certificate(&self, pending: Option<String>) {
+        *self.serving_certificate.lock().unwrap() = pending;
+    }
+
+    pub fn serving_certificate(&self) -> Option<String> {
+        self.serving_certificate.lock().unwrap().clone()
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -368,6 +393,8 @@ impl HubState {
             cache: self.cache().map(|c| c.status()),
             coordinator: self.pool.get().map(|p| p.status()),
             bypass: self.bypass_status(),
+            node_layout: self.node_layout.lock().unwrap().clone(),
+            serving_certificate: self.serving_certificate(),
         }
     }
 }

@@ -173,6 +173,20 @@ impl HubProc {
         cgroup_procs: Option<&Path>,
         yaml: impl FnOnce(&Path, &Path) -> String,
     ) -> HubProc {
+        let mut hub = Self::spawn_yaml(ns, admin, cgroup_procs, &[], yaml);
+        hub.wait_ready();
+        hub
+    }
+
+    /// Starts a hub as `start_yaml` does, with `env` added, and returns without waiting
+    /// for it to be ready.
+    pub fn spawn_yaml(
+        ns: Option<&Netns>,
+        admin: &str,
+        cgroup_procs: Option<&Path>,
+        env: &[(&str, &str)],
+        yaml: impl FnOnce(&Path, &Path) -> String,
+    ) -> HubProc {
         let dir = TempDir::new("hub");
         let pin_path = PathBuf::from("/sys/fs/bpf").join(crate::unique("pin"));
         let config = dir.path().join("hub.yaml");
@@ -182,37 +196,41 @@ impl HubProc {
         cmd.args(["run", "--config"])
             .arg(&config)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stderr(std::fs::File::create(&log).unwrap());
         if let Some(procs) = cgroup_procs {
             in_cgroup(&mut cmd, procs);
         }
-        let mut hub = HubProc {
+        HubProc {
             proc: Proc::spawn(cmd, "hub"),
             admin: admin.to_string(),
             ns: ns.map(|n| n.handle()),
             pin_path,
             log,
             _dir: dir,
-        };
+        }
+    }
+
+    /// Waits (10 s at most) until the admin port reports ready.
+    pub fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             assert!(
-                hub.proc.is_running(),
+                self.proc.is_running(),
                 "hub exited early; log:\n{}",
-                hub.log()
+                self.log()
             );
-            let ready = hub.try_status();
+            let ready = self.try_status();
             if ready.is_some_and(|s| s["ready"] == Value::Bool(true)) {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
                 "hub not ready after 10 s; log:\n{}",
-                hub.log()
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        hub
     }
 
     /// A plain GET on the admin port (e.g. `/metrics`); the raw HTTP answer.

@@ -13,6 +13,7 @@ pub mod informer;
 pub mod kubelet_trace;
 pub mod manifests;
 pub mod netns;
+pub mod node_root;
 pub mod pool_net;
 pub mod ports;
 pub mod privileged;

@@ -107,6 +107,41 @@ fn cgroup2_root() -> String {
 }
 
 /// `hub run --check` still says `config ok`, and warns when the programs would attach at
+/// With no cgroupPath, `hub run --check` finds this machine's cgroup2 hierarchy in its
+/// mountinfo (here a hybrid host: cgroup2 at /sys/fs/cgroup/unified beside v1's tmpfs)
+/// and says where and why.
+#[test]
+fn check_finds_this_host_s_cgroup2_hierarchy() {
+    let dir = TempDir::new("cli-cgroup2");
+    let path = dir.path().join("hub.yaml");
+    std::fs::write(
+        &path,
+        "nodeName: n1\ncloud:\n  servers: [\"https://127.0.0.1:6443\"]\nintercept:\n  vips: [\"127.0.0.1:6443\"]\n",
+    )
+    .unwrap();
+    let out = Command::new(hub_bin())
+        .args(["run", "--check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let root = cgroup2_root();
+    assert!(
+        said.contains(&format!("cgroup2 hierarchy: {} (", root)),
+        "{said}"
+    );
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let sys_is_tmpfs = mountinfo
+        .lines()
+        .any(|l| l.contains(" /sys/fs/cgroup ") && l.contains(" - tmpfs "));
+    assert_eq!(said.contains("a hybrid host"), sys_is_tmpfs, "{said}");
+}
+
 /// the cgroup2 root (every process on the host redirected, a loopback apiserver's own
 /// clients too); attached to a cgroup below it, it does not.
 #[test]
@@ -128,7 +163,7 @@ fn check_warns_when_interception_would_reach_the_whole_host() {
             .output()
             .unwrap();
         assert!(out.status.success());
-        assert!(String::from_utf8_lossy(&out.stdout).starts_with("config ok"));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("\nconfig ok"));
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     let warned = config(&root);

@@ -66,10 +66,19 @@ struct Node {
     logs: TempDir,
     /// The image's Entrypoint (the same in both versions).
     entrypoint: Vec<String>,
+    /// Where the kubelet's files are: `kubeadm` or `k3s`.
+    layout: &'static str,
+    /// The host's /sys/fs/cgroup is the machine's own (on a hybrid host a tmpfs of v1
+    /// controllers with cgroup2 below it), not the cgroup2 mount standing in for it.
+    real_cgroup_layout: bool,
 }
 
 impl Node {
     fn new(config_map: &str) -> Node {
+        Node::laid_out(config_map, "kubeadm", false)
+    }
+
+    fn laid_out(config_map: &str, layout: &'static str, real_cgroup_layout: bool) -> Node {
         let ns = Netns::new("ctr");
         let pods = Cgroup::new("ctr");
         let host = TempDir::new("ctrhost");
@@ -91,6 +100,8 @@ impl Node {
             pki,
             logs,
             entrypoint: Containerd::entrypoint(&image_archive("HUB_IMAGE")),
+            layout,
+            real_cgroup_layout,
         };
         node.write_config(config);
         node
@@ -100,6 +111,7 @@ impl Node {
     fn on_host(&self, path: &str) -> PathBuf {
         match path {
             "/sys/fs/bpf" => PathBuf::from(path),
+            "/sys/fs/cgroup" if self.real_cgroup_layout => PathBuf::from(path),
             "/sys/fs/cgroup" => cgroup2_root().expect("cgroup v2"),
             _ => self.host.path().join(path.trim_start_matches('/')),
         }
@@ -109,8 +121,7 @@ impl Node {
     /// the node's clients live in the test's cgroup, the maps are pinned where no other
     /// test pins, and there is no pool (no coordinator runs here).
     fn write_config(&self, mut config: Yaml) {
-        let cgroup_name = self.pods.path().file_name().unwrap().to_str().unwrap();
-        config["intercept"]["cgroupPath"] = format!("/sys/fs/cgroup/{cgroup_name}").into();
+        config["intercept"]["cgroupPath"] = self.clients_cgroup().into();
         config["intercept"]["pinPath"] = self.pin.display().to_string().into();
         let root = config.as_mapping_mut().unwrap();
         root.remove("poolName");
@@ -122,9 +133,22 @@ impl Node {
         .unwrap();
     }
 
+    /// The node's clients' cgroup as the hub container sees it: under the host's cgroup2
+    /// hierarchy, which is below /sys/fs/cgroup on a hybrid host.
+    fn clients_cgroup(&self) -> String {
+        let name = self.pods.path().file_name().unwrap().to_str().unwrap();
+        let root = cgroup2_root().expect("cgroup v2");
+        match root.strip_prefix("/sys/fs/cgroup") {
+            Ok(below) if self.real_cgroup_layout && !below.as_os_str().is_empty() => {
+                format!("/sys/fs/cgroup/{}/{name}", below.display())
+            }
+            _ => format!("/sys/fs/cgroup/{name}"),
+        }
+    }
+
     /// The stand-in cloud in the node's namespace, signing the hub's serving-certificate
     /// CSR on arrival; the node's kubelet files (kubeconfig, client certificate, cluster
-    /// CA) are put where kubeadm and a kubelet put them.
+    /// CA) are put where kubeadm and a kubelet put them, or where a k3s agent does.
     fn cloud(&self) -> Proc {
         let mut cmd = self.ns.command(bin_dir().join("hub-apiserver"));
         cmd.args(["--listen", CLOUD, "--nodes", "1", "--pods-per-node", "2"])
@@ -136,6 +160,39 @@ impl Node {
             std::fs::create_dir_all(to.parent().unwrap()).unwrap();
             std::fs::copy(self.pki.join(from), to).unwrap();
         };
+        if self.layout == "k3s" {
+            // As a k3s agent writes them: certificates beside the kubeconfig that names
+            // them, the agent's load balancer as the server (here the cloud itself).
+            let agent = "/var/lib/rancher/k3s/agent";
+            for (from, to) in [
+                ("ca.crt", "server-ca.crt"),
+                ("ca.crt", "client-ca.crt"),
+                ("hub-node.crt", "client-kubelet.crt"),
+                ("hub-node.key", "client-kubelet.key"),
+            ] {
+                copy(from, &format!("{agent}/{to}"));
+            }
+            std::fs::write(
+                self.on_host(&format!("{agent}/kubelet.kubeconfig")),
+                format!(
+                    "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: https://{CLOUD}\n    certificate-authority: {agent}/server-ca.crt\nusers:\n- name: user\n  user:\n    client-certificate: {agent}/client-kubelet.crt\n    client-key: {agent}/client-kubelet.key\ncontexts:\n- name: local\n  context: {{cluster: local, user: user}}\ncurrent-context: local\n"
+                ),
+            )
+            .unwrap();
+        } else {
+            self.kubeadm_files(&copy);
+        }
+        // A host systemd booted (sd_booted(3)), for the init container to install on.
+        std::fs::create_dir_all(self.on_host("/run/systemd/system")).unwrap();
+        for dir in ["/etc/systemd/system", "/sys", "/proc", "/dev"] {
+            std::fs::create_dir_all(self.host.path().join(&dir[1..])).unwrap();
+        }
+        cloud
+    }
+
+    /// kubeadm's and a kubelet's: the cluster CA, the rotated client certificate and its
+    /// -current link, and kubelet.conf naming them.
+    fn kubeadm_files(&self, copy: &dyn Fn(&str, &str)) {
         copy("ca.crt", "/etc/kubernetes/pki/ca.crt");
         // As a kubelet rotates its client certificate: certificate and key in one dated
         // file, and kubelet-client-current.pem an absolute link to it.
@@ -156,16 +213,15 @@ impl Node {
             ),
         )
         .unwrap();
-        for dir in ["/etc/systemd/system", "/sys", "/proc", "/dev"] {
-            std::fs::create_dir_all(self.host.path().join(&dir[1..])).unwrap();
-        }
-        cloud
     }
 
     /// How a runtime runs `container` of the DaemonSet's pod `spec`.
     fn run_spec(&self, spec: &Yaml, container: &Yaml, image: &str, id: &str) -> RunSpec {
         let field = |path: &str| match path {
             "spec.nodeName" => NODE.to_string(),
+            "metadata.name" => format!("hub-{id}"),
+            "metadata.namespace" => "kube-system".to_string(),
+            "metadata.uid" => format!("uid-{id}"),
             other => panic!("no downward API value for {other} in this test"),
         };
         let mut env: Vec<(String, String)> = seq(&container["env"])
@@ -677,6 +733,110 @@ fn the_image_runs_as_the_daemonset_s_pod_in_a_real_container_runtime() {
         .flat_map(|c| Containerd::cgroup_dirs(c))
         .collect();
     assert!(leftover.is_empty(), "cgroups left: {leftover:?}");
+    drop(ctd);
+    drop(cloud);
+}
+
+/// A k3s node with hybrid cgroups, the hub's pod in a private cgroup namespace (as a
+/// kubelet's runtime gives pods on cgroup v2): the k3s overlay's DaemonSet finds the
+/// agent's kubeconfig and certificates it mounts, and the host's cgroup2 hierarchy below
+/// /sys/fs/cgroup (a v1 tmpfs) above its own namespace; its hub then serves the node.
+#[test]
+fn the_k3s_overlay_runs_on_a_k3s_node_with_hybrid_cgroups_in_a_private_cgroup_namespace() {
+    if !privileged::check_containers(
+        "the_k3s_overlay_runs_on_a_k3s_node_with_hybrid_cgroups_in_a_private_cgroup_namespace",
+    ) {
+        return;
+    }
+    let docs = render(&deploy_dir("overlays/k3s"));
+    let spec = &find(&docs, "DaemonSet", "hub")["spec"]["template"]["spec"];
+    let hub = seq(&spec["containers"])
+        .into_iter()
+        .find(|c| c["name"] == "hub")
+        .expect("the hub container");
+    let node = Node::laid_out(&hub_config(&docs), "k3s", true);
+    let cloud = node.cloud();
+    let mut ctd = Containerd::start();
+    let image = hub["image"].as_str().unwrap().to_string();
+    ctd.import(&image_archive("HUB_IMAGE"));
+
+    // A cgroup namespace rooted at a cgroup of the test's, for the pod to join.
+    let ns_root = Cgroup::new("cgns");
+    let mut holder = Command::new("sh");
+    holder.arg("-c").arg(format!(
+        "echo $$ > {}; exec unshare --cgroup sleep 600",
+        ns_root.procs_file().display()
+    ));
+    let holder = Proc::spawn(holder, "the cgroup namespace's holder");
+    let ns_file = PathBuf::from(format!("/proc/{}/ns/cgroup", holder.pid()));
+    wait_for("the new cgroup namespace", Duration::from_secs(10), || {
+        let mine = std::fs::read_link("/proc/self/ns/cgroup").ok()?;
+        (std::fs::read_link(&ns_file).ok()? != mine).then_some(())
+    });
+    let in_private_ns = |mut run: RunSpec| {
+        run.join.push(("cgroup".into(), ns_file.clone()));
+        run
+    };
+
+    // `hub run --check` in the pod, with the cgroup2 hierarchy left to be found.
+    let mut detect: Yaml = serde_yaml::from_str(&hub_config(&docs)).unwrap();
+    detect.as_mapping_mut().unwrap().remove("coordinator");
+    detect.as_mapping_mut().unwrap().remove("poolName");
+    std::fs::write(
+        node.config_dir.path().join("detect.yaml"),
+        serde_yaml::to_string(&detect).unwrap(),
+    )
+    .unwrap();
+    let mut check = in_private_ns(node.run_spec(spec, &hub, &image, "check"));
+    for a in &mut check.args {
+        if a == "/etc/hub/hub.yaml" {
+            *a = "/etc/hub/detect.yaml".into();
+        }
+    }
+    check
+        .args
+        .insert(node.entrypoint.len() + 1, "--check".into());
+    let (ok, said) = ctd.run_to_end(&check);
+    eprintln!("hub run --check in the k3s node's pod:\n{said}");
+    assert!(ok, "hub run --check: {said}");
+    assert!(
+        said.contains(
+            "node layout: k3s (found the kubelet kubeconfig /var/lib/rancher/k3s/agent/kubelet.kubeconfig)"
+        ),
+        "{said}"
+    );
+    let hierarchy = node.clients_cgroup();
+    let hierarchy = hierarchy.rsplit_once('/').unwrap().0;
+    assert!(
+        said.contains(&format!("cgroup2 hierarchy: {hierarchy} (")),
+        "{said}"
+    );
+    assert!(
+        said.contains("lies above this process's cgroup namespace"),
+        "the pod's own namespace is not the host's: {said}"
+    );
+    if hierarchy != "/sys/fs/cgroup" {
+        assert!(said.contains("a hybrid host"), "{said}");
+    }
+    assert!(said.contains("config ok"), "{said}");
+
+    // The hub itself, attached to the node's clients' cgroup, serving through the k3s
+    // kubeconfig's server address.
+    let run = in_private_ns(node.run_spec(spec, &hub, &image, "k3s-hub"));
+    let pid = ctd.start_detached(&run);
+    node.wait_serving(pid, &|| node.log("k3s-hub.log"));
+    let found = node.status().unwrap()["node_layout"].clone();
+    assert!(
+        found
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l.as_str().unwrap().starts_with("node layout: k3s")),
+        "{found}"
+    );
+    node.lists_pods_through_the_hub("the k3s node's hub");
+    ctd.remove("k3s-hub");
+    drop(holder);
     drop(ctd);
     drop(cloud);
 }

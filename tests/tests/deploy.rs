@@ -1,39 +1,143 @@
 //! deploy/: the kustomize base and every overlay render (`kubectl kustomize`), every
 //! rendered document is accepted by an apiserver (a server-side dry run against the
 //! stand-in), and each one's hub configuration passes `hub run --check`.
-use std::process::Command;
+use std::{path::Path, process::Command};
 
 use hub_tests::{
     TempDir,
     apiserver::{Options, StandIn},
     hub_bin,
     manifests::{find, hub_config, kustomizations, render},
+    node_root::{Cgroups, NodeRoot},
 };
 
+/// The node layout a kustomization is for: its overlay's name, else kubeadm's (the base's).
+fn layout_of(dir: &Path) -> &'static str {
+    let name = dir.file_name().unwrap().to_str().unwrap();
+    ["k3s", "rke2", "microshift"]
+        .into_iter()
+        .find(|l| *l == name)
+        .unwrap_or("kubeadm")
+}
+
+/// `hub run --check` of `config` against the node laid out under `root`: (ok, stdout, stderr).
+fn check(config: &str, root: &Path) -> (bool, String, String) {
+    let tmp = TempDir::new("dep");
+    let path = tmp.path().join("hub.yaml");
+    std::fs::write(&path, config).unwrap();
+    let out = Command::new(hub_bin())
+        .args(["run", "--check", "--node-name", "edge-1", "--config"])
+        .arg(&path)
+        .arg("--node-root")
+        .arg(root)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Whether the DaemonSet's hub container sees `path` of the host at the same path.
+fn mounted_in_the_hub(docs: &[serde_yaml::Value], path: &Path) -> bool {
+    let spec = &find(docs, "DaemonSet", "hub")["spec"]["template"]["spec"];
+    let hub = spec["containers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "hub")
+        .unwrap();
+    hub["volumeMounts"].as_sequence().unwrap().iter().any(|m| {
+        let at = m["mountPath"].as_str().unwrap();
+        path.starts_with(at)
+            && spec["volumes"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .any(|v| v["name"] == m["name"] && v["hostPath"]["path"].as_str() == Some(at))
+    })
+}
+
+/// Every kustomization's configuration passes `hub run --check` on a node laid out as its
+/// distribution lays it out (k3s with hybrid cgroups, RKE2 inside a private cgroup
+/// namespace): the hub finds the kubelet's kubeconfig, follows it to the certificates,
+/// finds the client CA and the cgroup2 hierarchy; and the DaemonSet mounts every file it
+/// reads at the path it reads it.
 #[test]
-fn every_kustomization_s_configuration_passes_hub_validation() {
+fn every_kustomization_finds_its_node_layout_and_mounts_what_it_reads() {
+    let cgroups = |layout: &str| match layout {
+        "k3s" => Cgroups::Hybrid,
+        "rke2" => Cgroups::PrivateNamespace,
+        _ => Cgroups::Unified,
+    };
     for dir in kustomizations() {
         let docs = render(&dir);
-        let tmp = TempDir::new("dep");
-        let path = tmp.path().join("hub.yaml");
-        std::fs::write(&path, hub_config(&docs)).unwrap();
-        let out = Command::new(hub_bin())
-            .args(["run", "--check", "--node-name", "edge-1", "--config"])
-            .arg(&path)
-            .output()
-            .unwrap();
+        let layout = layout_of(&dir);
+        let root = NodeRoot::new(layout, "edge-1", cgroups(layout));
+        let (ok, said, err) = check(&hub_config(&docs), root.path());
+        assert!(ok, "{}: {said}{err}", dir.display());
         assert!(
-            out.status.success(),
-            "{}: {}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            String::from_utf8_lossy(&out.stdout).starts_with("config ok"),
-            "{}",
+            said.contains(&format!(
+                "node layout: {layout} (found the kubelet kubeconfig"
+            )),
+            "{}: {said}",
             dir.display()
         );
+        let cgroup = cgroups(layout).expected();
+        assert!(
+            said.contains(&format!("cgroup2 hierarchy: {cgroup} (")),
+            "{}: {said}",
+            dir.display()
+        );
+        assert!(said.contains("\nconfig ok: "), "{}: {said}", dir.display());
+        for file in &root.files {
+            assert!(
+                mounted_in_the_hub(&docs, file),
+                "{}: the hub container does not see {}",
+                dir.display(),
+                file.display()
+            );
+        }
     }
+    // The base alone does not mount k3s's files: the component is what does.
+    let k3s = NodeRoot::new("k3s", "edge-1", Cgroups::Unified);
+    let base = base();
+    assert!(k3s.files.iter().any(|f| !mounted_in_the_hub(&base, f)));
+}
+
+/// What `hub run --check` says when the node is not as the configuration needs.
+#[test]
+fn check_names_what_the_node_lacks() {
+    let config = hub_config(&base());
+    let empty = TempDir::new("empty-root");
+    std::fs::create_dir_all(empty.path().join("proc/self")).unwrap();
+    let (ok, _, err) = check(&config, empty.path());
+    assert!(!ok);
+    assert!(
+        err.contains("no kubelet kubeconfig found")
+            && err.contains("/var/lib/rancher/k3s/agent/kubelet.kubeconfig"),
+        "{err}"
+    );
+    // The kubeconfig names a key that is not there.
+    let root = NodeRoot::new("k3s", "edge-1", Cgroups::Hybrid);
+    std::fs::remove_file(
+        root.path()
+            .join("var/lib/rancher/k3s/agent/client-kubelet.key"),
+    )
+    .unwrap();
+    let (ok, _, err) = check(&config, root.path());
+    assert!(!ok);
+    assert!(err.contains("client-kubelet.key"), "{err}");
+    // cgroup v1 only: interception cannot attach, and the check says how to fix it.
+    let root = NodeRoot::new("kubeadm", "edge-1", Cgroups::Unified);
+    std::fs::write(
+        root.path().join("proc/self/mountinfo"),
+        "31 22 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n33 31 0:30 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n",
+    )
+    .unwrap();
+    let (ok, _, err) = check(&config, root.path());
+    assert!(!ok && err.contains("cgroup v1 only"), "{err}");
 }
 
 fn base() -> Vec<serde_yaml::Value> {
@@ -120,31 +224,56 @@ fn the_init_container_installs_the_host_copy_where_the_host_finds_it() {
     let state = hub_yaml["cache"]["dir"].as_str().unwrap();
     assert_eq!(mounted_from_host(state).as_deref(), Some(state));
 
-    // The same arguments, with the ConfigMap's config and a temporary state and unit dir.
+    // Where systemd would say it booted the host: the host's /run/systemd, mounted at the
+    // --host-run the init container is given.
+    assert_eq!(
+        mounted_from_host(&format!("{}/systemd", arg("--host-run"))).as_deref(),
+        Some("/run/systemd")
+    );
+
+    // The same arguments, with the ConfigMap's config and a temporary state, unit and run
+    // directory: first on a node systemd did not boot, then on one it did.
     let dir = TempDir::new("init");
     let mut config = hub_yaml.clone();
     config["cache"]["dir"] = dir.path().join("state").display().to_string().into();
     let config_path = dir.path().join("hub.yaml");
     std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
-    let units = dir.path().join("units");
-    let mut c = Command::new(hub_bin());
-    for (i, a) in args.iter().enumerate() {
-        match args.get(i.wrapping_sub(1)).copied() {
-            Some("--config") => c.arg(&config_path),
-            Some("--unit-dir") => c.arg(&units),
-            Some("--node-name") => c.arg("edge-1"),
-            _ => c.arg(a),
-        };
-    }
-    let out = c.output().unwrap();
+    let (units, run) = (dir.path().join("units"), dir.path().join("run"));
+    let install = || {
+        let mut c = Command::new(hub_bin());
+        for (i, a) in args.iter().enumerate() {
+            match args.get(i.wrapping_sub(1)).copied() {
+                Some("--config") => c.arg(&config_path),
+                Some("--unit-dir") => c.arg(&units),
+                Some("--host-run") => c.arg(&run),
+                Some("--node-name") => c.arg("edge-1"),
+                _ => c.arg(a),
+            };
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let said = install();
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        said.starts_with("host copy not installed: systemd did not boot this node")
+            && said.contains("relies on the DaemonSet alone"),
+        "{said}"
     );
-    assert!(units.join("multi-user.target.wants/hub.service").exists());
+    assert!(!units.join(UNIT_LINK).exists() && !dir.path().join("state/bin/hub").exists());
+    std::fs::create_dir_all(run.join("systemd/system")).unwrap();
+    let said = install();
+    assert!(said.contains("enabled for boot"), "{said}");
+    assert!(units.join(UNIT_LINK).exists());
     assert!(dir.path().join("state/bin/hub").exists());
 }
+
+/// The link `systemctl enable` makes for the host copy's unit.
+const UNIT_LINK: &str = "multi-user.target.wants/hub.service";
 
 /// Every kustomization, rendered, goes through a server-side dry run: each document is
 /// accepted and none is stored.

@@ -205,12 +205,19 @@ fn short_freezes_are_ridden_out_and_a_frozen_or_killed_cloud_is_found_quickly() 
     // the cloud silent and gets the cached answer — the cloud's, byte for byte.
     signal(&cloud, libc::SIGSTOP);
     let (code, frozen_body, frozen) = get(CACHED);
-    assert_eq!(code, 200, "a cached object while the cloud is frozen: {frozen_body}");
+    assert_eq!(
+        code, 200,
+        "a cached object while the cloud is frozen: {frozen_body}"
+    );
     assert_eq!(
         serde_json::from_str::<Value>(&frozen_body).unwrap(),
         serde_json::from_str::<Value>(&body).unwrap(),
     );
-    assert_eq!(hub.status()["cloud"][0]["healthy"], false, "marked down by the request");
+    assert_eq!(
+        hub.status()["cloud"][0]["healthy"],
+        false,
+        "marked down by the request"
+    );
     signal(&cloud, libc::SIGCONT);
     let resumed = until_healthy_is(&hub, true);
     // Killed: its connection is reset, the hub checks at once and is refused.
@@ -265,5 +272,8 @@ fn an_idle_hub_asks_the_cloud_at_most_once_a_minute() {
         "idle for {window:?}: {sent} requests to the cloud, {probes} of them /readyz; {:?}",
         s.cloud.state.traffic.report()
     );
-    assert!(sent <= 1, "at most one request a minute ({sent} in {window:?})");
+    assert!(
+        sent <= 1,
+        "at most one request a minute ({sent} in {window:?})"
+    );
 }

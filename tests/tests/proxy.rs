@@ -859,6 +859,115 @@ fn serving_certificate_by_csr_and_offline_restart() {
     assert_eq!(c.peer_certificate().unwrap(), served);
 }
 
+/// Without an approver the hub's CSR waits, and the hub says so where an operator looks:
+/// `hub status`, its readiness probe's answer, and an Event on its pod. Approved by hand,
+/// it becomes ready.
+#[test]
+fn a_serving_certificate_waiting_for_approval_says_so() {
+    let ca = Arc::new(TestCa::new("cloud-ca"));
+    let cloud = StandIn::start_with_ca(
+        "127.0.0.1:0".parse().unwrap(),
+        Options::default(),
+        ca.clone(),
+    )
+    .unwrap();
+    cloud
+        .state
+        .auth
+        .write()
+        .unwrap()
+        .allow(Rule::new("system:nodes", &["*"], &["*"], &["*"]));
+    let dir = TempDir::new("csr-pending");
+    seed::node(&cloud.state.store, NODE);
+    let pki = ca.write_hub_pki(dir.path(), NODE, &[]).unwrap();
+    let cache = dir.path().join("cache");
+    let config = HubConfig {
+        servers: vec![cloud.url()],
+        ca: Some(&pki.ca),
+        node: Some(&pki.node),
+        client_ca: Some(&pki.ca),
+        plain: free_port(),
+        tls: Some(free_port()),
+        admin: format!("127.0.0.1:{}", free_port()),
+        ..Default::default()
+    };
+    let pod = [
+        ("POD_NAME", "hub-x7k2p"),
+        ("POD_NAMESPACE", "kube-system"),
+        ("POD_UID", "0c1d"),
+    ];
+    let mut hub = HubProc::spawn_yaml(None, &config.admin, None, &pod, |_, _| config.yaml(&cache));
+    let admin = Client::new(cloud.addr, ca.cert_der(), Some(ADMIN_TOKEN), None);
+    let csr = wait_for("the CSR", Duration::from_secs(20), || {
+        let csrs = admin
+            .get("/apis/certificates.k8s.io/v1/certificatesigningrequests")
+            .json();
+        csrs["items"][0]["metadata"]["name"]
+            .as_str()
+            .map(String::from)
+    });
+    let pending = wait_for(
+        "hub status to name the CSR",
+        Duration::from_secs(20),
+        || {
+            hub.try_status()?["serving_certificate"]
+                .as_str()
+                .map(String::from)
+        },
+    );
+    assert!(
+        pending.contains(&csr) && pending.contains("waits for approval"),
+        "{pending}"
+    );
+    let readyz = hub.admin_get("/readyz");
+    assert!(
+        readyz.starts_with("HTTP/1.1 503") && readyz.contains(&csr),
+        "{readyz}"
+    );
+    let text = hub
+        .cli(&["status", "--admin", &config.admin])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("serving cert:") && text.contains(&csr),
+        "{text}"
+    );
+    // The Event on the pod, after the hub waited 10 s.
+    let event = wait_for("the Event on the pod", Duration::from_secs(30), || {
+        let events = admin.get("/api/v1/namespaces/kube-system/events").json();
+        events["items"]
+            .as_array()?
+            .iter()
+            .find(|e| e["reason"] == "ServingCertificatePending")
+            .cloned()
+    });
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(
+        event["involvedObject"],
+        json!({"apiVersion": "v1", "kind": "Pod", "name": "hub-x7k2p",
+            "namespace": "kube-system", "uid": "0c1d"})
+    );
+    assert!(event["message"].as_str().unwrap().contains(&csr), "{event}");
+
+    // Approved by hand: signed, served, ready, and the note is gone.
+    let path = format!("/apis/certificates.k8s.io/v1/certificatesigningrequests/{csr}");
+    let mut approved = admin.get(&path).json();
+    approved["status"]["conditions"] = json!([{"type": "Approved", "status": "True",
+        "reason": "ByHand", "message": "approved by the operator"}]);
+    let put = admin
+        .request(
+            "PUT",
+            &format!("{path}/approval"),
+            &[("Content-Type", "application/json")],
+            approved.to_string().as_bytes(),
+        )
+        .unwrap();
+    assert_eq!(put.status, 200, "{}", String::from_utf8_lossy(&put.body));
+    hub.wait_ready();
+    assert_eq!(hub.status()["serving_certificate"], Value::Null);
+}
+
 /// The files `hub approver` reaches the stand-in with: its CA and the token of a service
 /// account with the RBAC deploy/base/approver.yaml grants.
 struct ApproverFiles {

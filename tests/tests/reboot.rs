@@ -91,7 +91,9 @@ impl Node {
     /// The DaemonSet's init container: `hub install`.
     fn install(&self) -> String {
         let mut c = self.hub_cli(&hub_bin(), &["install", "--node-name", NODE, "--config"]);
+        // This machine's PID 1 is not systemd; the node the test stands for is.
         c.arg(&self.config).arg("--unit-dir").arg(&self.units);
+        c.args(["--init-system", "systemd"]);
         process::output(c, "hub install")
     }
 

@@ -6,6 +6,7 @@
 //! to the cloud again (fail open). Maps are pinned under `intercept.pinPath` so `bpftool`
 //! and `hub bpf status` can read them; stale pins are removed at start and on shutdown.
 pub mod bypass;
+pub mod cgroup2;
 pub mod cgroup_tree;
 pub mod discover;
 pub mod netdev;

@@ -61,14 +61,7 @@ fn cgroup2_mount_of(path: &Path) -> Option<PathBuf> {
 /// Every cgroup2 mount point (from /proc/self/mountinfo).
 fn cgroup2_mounts() -> Vec<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    text.lines()
-        .filter_map(|line| {
-            // mount id, parent, dev, root, mount point, options, [optional...], -, fstype, ...
-            let (before, after) = line.split_once(" - ")?;
-            let mount_point = before.split_whitespace().nth(4)?;
-            (after.split_whitespace().next()? == "cgroup2").then(|| PathBuf::from(mount_point))
-        })
-        .collect()
+    super::cgroup2::cgroup2_mount_points(&text)
 }
 
 /// A cgroup of the node's own components (kubelet, the container runtime, the pods, the
@@ -98,7 +91,7 @@ fn is_kernel_thread(pid: u32) -> bool {
 
 /// What is wrong with where interception is attached, as one line each (empty: nothing).
 pub fn warnings(config: &Config) -> Vec<String> {
-    let path = &config.intercept.cgroup_path;
+    let path = config.intercept.cgroup();
     if !config.intercept.enabled || !cgroup2_mounts().iter().any(|m| m == path) {
         return Vec::new();
     }

@@ -317,9 +317,15 @@ mod tests {
         h.success();
         assert!(!h.probe_due(idle), "just answered");
         std::thread::sleep(Duration::from_millis(60));
-        assert!(h.probe_due(Duration::from_millis(50)), "quiet for longer than `idle`");
+        assert!(
+            h.probe_due(Duration::from_millis(50)),
+            "quiet for longer than `idle`"
+        );
         h.heard_handle().store(now_ms(), Ordering::Relaxed);
-        assert!(!h.probe_due(Duration::from_millis(50)), "a watch event arrived");
+        assert!(
+            !h.probe_due(Duration::from_millis(50)),
+            "a watch event arrived"
+        );
         h.recheck_handle().ask();
         assert!(h.probe_due(idle), "a connection ended");
         assert!(!h.probe_due(idle), "asked once, checked once");

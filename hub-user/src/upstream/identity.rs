@@ -81,8 +81,17 @@ pub struct KubeconfigParts {
 }
 
 pub fn read_kubeconfig(path: &Path) -> Result<KubeconfigParts, IdentityError> {
+    read_kubeconfig_under(Path::new("/"), path)
+}
+
+/// A kubeconfig of a node whose root is `root` (`hub run --check --node-root`): its own
+/// path and the files it names, resolved against the kubeconfig's directory as client-go
+/// does, are read under `root`.
+pub fn read_kubeconfig_under(root: &Path, path: &Path) -> Result<KubeconfigParts, IdentityError> {
     use base64::Engine;
     let what = path.display().to_string();
+    let read =
+        |p: &Path| crate::node_layout::read_under(root, p).map_err(|e| load_err(p.display(), e));
     let doc: serde_yaml::Value =
         serde_yaml::from_slice(&read(path)?).map_err(|e| load_err(&what, e))?;
     let dir = path.parent().unwrap_or(Path::new("."));
