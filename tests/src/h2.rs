@@ -34,6 +34,8 @@ pub struct H2Stream<'c> {
     pub status: u16,
     pub headers: hyper::HeaderMap,
     pub body: Vec<u8>,
+    /// The size of each DATA frame as it arrived.
+    pub frames: Vec<usize>,
     pub end: End,
     incoming: Incoming,
 }
@@ -45,7 +47,7 @@ impl H2Stream<'_> {
         if self.end != End::Open {
             return &self.end;
         }
-        let (incoming, got) = (&mut self.incoming, &mut self.body);
+        let (incoming, got, frames) = (&mut self.incoming, &mut self.body, &mut self.frames);
         self.end = self.client.rt.block_on(async {
             loop {
                 match tokio::time::timeout(wait, incoming.frame()).await {
@@ -54,6 +56,7 @@ impl H2Stream<'_> {
                     Ok(Some(Err(e))) => return End::Reset(e.to_string()),
                     Ok(Some(Ok(frame))) => {
                         if let Ok(data) = frame.into_data() {
+                            frames.push(data.len());
                             got.extend_from_slice(&data);
                             if enough(got) {
                                 return End::Open;
@@ -133,6 +136,7 @@ impl H2Client {
             status: parts.status.as_u16(),
             headers: parts.headers,
             body: Vec::new(),
+            frames: Vec::new(),
             end: End::Open,
             incoming,
         })

@@ -25,6 +25,46 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).boxed()
 }
 
+/// A body handed out in the given pieces, one frame each, with its whole length known.
+pub struct Pieces {
+    left: std::collections::VecDeque<Bytes>,
+    len: u64,
+}
+
+impl Pieces {
+    pub fn new(pieces: Vec<Bytes>) -> Pieces {
+        let len = pieces.iter().map(|p| p.len() as u64).sum();
+        Pieces {
+            left: pieces.into(),
+            len,
+        }
+    }
+}
+
+impl hyper::body::Body for Pieces {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        let next = self.left.pop_front();
+        if let Some(p) = &next {
+            self.len -= p.len() as u64;
+        }
+        std::task::Poll::Ready(next.map(|p| Ok(hyper::body::Frame::data(p))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.len)
+    }
+}
+
 pub fn json_response(code: StatusCode, value: &Value) -> Response<Body> {
     Response::builder()
         .status(code)

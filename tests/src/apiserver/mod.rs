@@ -463,6 +463,7 @@ async fn route(
     } else {
         resp
     };
+    let resp = framed_as_kube_apiserver(resp).await;
     if let Some((per_answer, per_kib)) = cost {
         let bytes = hyper::body::Body::size_hint(resp.body()).lower();
         let cost = faults::cost(per_answer, per_kib, bytes);
@@ -516,6 +517,35 @@ async fn in_protobuf_if_asked(resp: Response<Body>, accept: Option<&str>) -> Res
     );
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, full(encoded))
+}
+
+/// kube-apiserver 1.33+ sends protobuf and gzipped answers in 4 KiB HTTP/2 DATA frames
+/// (its streaming list encoder and gzip write through the response writer's 4 KiB
+/// buffer), JSON in 16 KiB ones (`fixtures/wire/kube-apiserver-1.36/list-framing.json`):
+/// the body is handed to hyper in pieces of those sizes, each of which it sends as a frame.
+async fn framed_as_kube_apiserver(resp: Response<Body>) -> Response<Body> {
+    use http_body_util::BodyExt;
+    const SMALL_FRAMES: usize = 4096;
+    let gzipped = resp.headers().contains_key(header::CONTENT_ENCODING);
+    let protobuf = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|c| c == protobuf::CONTENT_TYPE);
+    let whole = hyper::body::Body::size_hint(resp.body()).exact();
+    if !(gzipped || protobuf) || whole.is_none_or(|n| n <= SMALL_FRAMES as u64) {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let pieces = (0..bytes.len())
+        .step_by(SMALL_FRAMES)
+        .map(|at| bytes.slice(at..(at + SMALL_FRAMES).min(bytes.len())))
+        .collect();
+    Response::from_parts(parts, http::Pieces::new(pieces).boxed())
 }
 
 /// kube-apiserver's rule for `Accept-Encoding: gzip`: a whole answer over 128 KiB is sent
