@@ -263,6 +263,10 @@ struct RunArgs {
     /// Override cloud.servers (repeat for several).
     #[arg(long = "cloud-server")]
     cloud_servers: Vec<String>,
+    /// Override cloud.kubeconfig: the kubelet's kubeconfig where the node keeps it
+    /// elsewhere than its distribution's layout (the kubelet's own --kubeconfig).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
     /// Override intercept.cgroupPath.
     #[arg(long)]
     cgroup_path: Option<PathBuf>,
@@ -636,6 +640,9 @@ fn run(args: RunArgs) -> ExitCode {
     }
     if !args.cloud_servers.is_empty() {
         config.cloud.servers = args.cloud_servers;
+    }
+    if let Some(p) = args.kubeconfig {
+        config.cloud.kubeconfig = Some(p);
     }
     if let Some(p) = args.cgroup_path {
         config.intercept.cgroup_path = Some(p);

@@ -138,6 +138,47 @@ fn check_names_what_the_node_lacks() {
     .unwrap();
     let (ok, _, err) = check(&config, root.path());
     assert!(!ok && err.contains("cgroup v1 only"), "{err}");
+    // A kubelet kubeconfig kept elsewhere, given explicitly: read, certificates resolved
+    // against its own directory.
+    let root = NodeRoot::new("k3s", "edge-1", Cgroups::Unified);
+    let agent = root.path().join("var/lib/rancher/k3s/agent");
+    let elsewhere = root.path().join("opt/kubelet");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let text = std::fs::read_to_string(agent.join("kubelet.kubeconfig"))
+        .unwrap()
+        .replace(
+            "/var/lib/rancher/k3s/agent/client-kubelet",
+            "client-kubelet",
+        );
+    std::fs::write(elsewhere.join("kubeconfig"), text).unwrap();
+    for f in ["client-kubelet.crt", "client-kubelet.key"] {
+        std::fs::rename(agent.join(f), elsewhere.join(f)).unwrap();
+    }
+    std::fs::remove_file(agent.join("kubelet.kubeconfig")).unwrap();
+    let tmp = TempDir::new("dep");
+    let path = tmp.path().join("hub.yaml");
+    std::fs::write(&path, &config).unwrap();
+    let out = Command::new(hub_bin())
+        .args(["run", "--check", "--node-name", "edge-1", "--kubeconfig"])
+        .arg("/opt/kubelet/kubeconfig")
+        .arg("--config")
+        .arg(&path)
+        .arg("--node-root")
+        .arg(root.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains(
+            "node layout: configured (cloud.kubeconfig /opt/kubelet/kubeconfig configured)"
+        ),
+        "{said}"
+    );
 }
 
 fn base() -> Vec<serde_yaml::Value> {
