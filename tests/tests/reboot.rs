@@ -236,6 +236,12 @@ fn a_node_rebooted_offline_gets_its_hub_from_the_host_and_the_daemonset_takes_ov
     let mut pod = node.pod_hub("pod-1.log");
     node.wait_serving(pod.pid(), true, &node.log("pod-1.log"));
     assert_eq!(node.kubelet_lists_pods(), Ok(want.clone()));
+    // The node ran a while: what the hub read is in its store (a write still on its way
+    // to the disk at the power cut is lost, as on any node).
+    wait_for("the pods in the cache", Duration::from_secs(20), || {
+        let entries = node.status()?["cache"]["entries"].as_u64()?;
+        (entries >= want.len() as u64).then_some(())
+    });
 
     // Power off: the hub dies with the node, and the cloud link is down through the boot.
     pod.kill9();
