@@ -290,7 +290,9 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>, repeats: &R
                 Err(_) => break,
             }
         }
-        stats.pending.fetch_sub(ops.len() as i64, Ordering::Relaxed);
+        // Counted as pending until the batch is in the store (or refused), so "nothing
+        // pending" means everything sent so far can be read back.
+        let taken = ops.len() as i64;
         let mut writes = Vec::new();
         let mut flushes = Vec::new();
         // Taken at the first GET answer; the batch's writes come after all its questions.
@@ -381,6 +383,7 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>, repeats: &R
                 }
             }
         }
+        stats.pending.fetch_sub(taken, Ordering::Relaxed);
         for f in flushes {
             let _ = f.send(());
         }
