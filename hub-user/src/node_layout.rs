@@ -79,9 +79,8 @@ pub fn read_under(root: &Path, path: &Path) -> std::io::Result<Vec<u8>> {
 /// What was found, for the log, `hub status` and `hub run --check`.
 #[derive(Debug, Default, Clone)]
 pub struct Resolved {
-    /// `kubeadm`, `k3s`, `rke2`, `microshift`, or `configured` (paths given explicitly).
-    pub layout: String,
-    /// One line per thing found, with where and why.
+    /// One line per thing found, with where and why; the first names the layout
+    /// (`kubeadm`, `k3s`, `rke2`, `microshift`, or `configured`).
     pub found: Vec<String>,
 }
 
@@ -95,16 +94,14 @@ pub fn resolve(config: &mut Config, root: &Path) -> Result<Resolved, String> {
             let known = LAYOUTS
                 .iter()
                 .find(|l| Path::new(l.kubelet_kubeconfig) == k);
-            out.layout = known.map_or("configured", |l| l.name).into();
             out.found.push(format!(
                 "node layout: {} (cloud.kubeconfig {} configured)",
-                out.layout,
+                known.map_or("configured", |l| l.name),
                 k.display()
             ));
             known
         }
         (None, false) => {
-            out.layout = "configured".into();
             out.found
                 .push("node layout: not looked for (cloud.servers configured)".into());
             None
@@ -121,7 +118,6 @@ pub fn resolve(config: &mut Config, root: &Path) -> Result<Resolved, String> {
                     tried.join(", ")
                 ));
             };
-            out.layout = l.name.into();
             out.found.push(format!(
                 "node layout: {} (found the kubelet kubeconfig {})",
                 l.name, l.kubelet_kubeconfig
