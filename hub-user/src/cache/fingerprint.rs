@@ -138,6 +138,28 @@ mod tests {
         assert_ne!(c.items, a.items);
     }
 
+    /// Lists as a real kube-apiserver 1.36 answered them, cut as it frames them (4 KiB for
+    /// protobuf, 16 KiB for JSON) and at odd places: one fingerprint, the list's own rv.
+    #[test]
+    fn recorded_lists_fingerprint_the_same_however_they_are_framed() {
+        let recorded = |name: &str| {
+            let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/wire");
+            std::fs::read(format!("{dir}/kube-apiserver-1.36/{name}/response.body")).unwrap()
+        };
+        for (enc, name) in [
+            (Encoding::Protobuf, "list-pods-protobuf-nodename"),
+            (Encoding::Json, "list-pods-json-rv0"),
+        ] {
+            let body = recorded(name);
+            let whole = of_list(enc, &[Bytes::from(body.clone())]).unwrap();
+            assert!(whole.rv > 0, "{name}");
+            for size in [4096, 16384, 4093, 977] {
+                let cut = of_list(enc, &pieces(&body, size));
+                assert_eq!(cut, Some(whole), "{name} in pieces of {size}");
+            }
+        }
+    }
+
     #[test]
     fn pages_and_unexpected_layouts_are_not_fingerprinted() {
         let page = br#"{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"1","continue":"abc"},"items":[]}"#;
