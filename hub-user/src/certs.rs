@@ -205,8 +205,8 @@ pub async fn request(
             format!("CSR {name} is approved and waits for the signer ({waiting} s)")
         } else {
             format!(
-                "CSR {name} waits for approval ({waiting} s): the hub's approver \
-                 (deploy/base/approver.yaml) approves it, or `kubectl certificate approve {name}`"
+                "CSR {name} waits for approval ({waiting} s): {}",
+                who_approves(&name)
             )
         }));
         if !announced && asked.elapsed() >= ANNOUNCE_AFTER {
@@ -217,6 +217,14 @@ pub async fn request(
     };
     state.set_serving_certificate(None);
     outcome
+}
+
+/// Who can approve the CSR `name`, for the operator reading why the hub is not ready.
+fn who_approves(name: &str) -> String {
+    format!(
+        "the hub's approver (deploy/base/approver.yaml) approves it, or \
+         `kubectl certificate approve {name}`"
+    )
 }
 
 /// A Warning Event on the hub's own pod (named by the downward API's POD_NAME,
@@ -235,9 +243,9 @@ async fn announce_pending(cloud: &Cloud, node: &str, csr: &str) {
             "namespace": namespace, "uid": env("POD_UID").unwrap_or_default()},
         "reason": "ServingCertificatePending",
         "message": format!(
-            "the hub's serving certificate request {csr} waits for approval: the hub is not \
-             ready until it is approved (deploy/base/approver.yaml approves it; or \
-             kubectl certificate approve {csr})"
+            "the hub's serving certificate request {csr} waits for approval, and the hub is \
+             not ready until it is approved: {}",
+            who_approves(csr)
         ),
         "type": "Warning",
         "source": {"component": "hub", "host": node},

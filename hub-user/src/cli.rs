@@ -427,24 +427,14 @@ fn install(args: InstallArgs) -> Result<String, String> {
     let vips: Vec<SocketAddr> = intercept::discover::service_from_env()
         .into_iter()
         .collect();
-    let booted = args.host_run.join("systemd/system");
     let why_not = match args.init_system {
         InitSystem::Systemd => None,
         InitSystem::None => Some("--init-system none".to_string()),
-        InitSystem::Auto if booted.is_dir() => None,
-        InitSystem::Auto => Some(format!(
-            "systemd did not boot this node ({} is not there)",
-            booted.display()
-        )),
+        InitSystem::Auto => crate::install::not_booted_by_systemd(&args.host_run),
     };
     match why_not {
         None => install(&config, args.node_name.as_deref(), &vips, &args.unit_dir),
-        Some(why) => Ok(format!(
-            "host copy not installed: {why}. This node relies on the DaemonSet alone: after a \
-             reboot while the cloud is unreachable the kubelet cannot learn its pods, so \
-             neither the hub nor the node's pods start until the cloud is back (see the \
-             README's node layouts)"
-        )),
+        Some(why) => Ok(crate::install::not_installed(&why)),
     }
 }
 

@@ -131,6 +131,28 @@ pub fn install(
     ))
 }
 
+/// Why the host's init system cannot start the unit, or None when systemd booted the host
+/// (as sd_booted(3) decides: `<host_run>/systemd/system` is a directory).
+pub fn not_booted_by_systemd(host_run: &Path) -> Option<String> {
+    let booted = host_run.join("systemd/system");
+    (!booted.is_dir()).then(|| {
+        format!(
+            "systemd did not boot this node ({} is not there)",
+            booted.display()
+        )
+    })
+}
+
+/// What an install that put nothing on the host says, and what that means for the node.
+pub fn not_installed(why: &str) -> String {
+    format!(
+        "host copy not installed: {why}. This node relies on the DaemonSet alone: after a \
+         reboot while the cloud is unreachable the kubelet cannot learn its pods, so \
+         neither the hub nor the node's pods start until the cloud is back (see the \
+         README's node layouts)"
+    )
+}
+
 /// Enables the unit the way `systemctl enable` does: a link from the target's wants.
 fn enable(target: &Target) -> Result<(), String> {
     let link = target.enabled_link();

@@ -325,3 +325,29 @@ impl Drop for HubProc {
         self.uninstall_leftovers();
     }
 }
+
+/// What `hub run --check` said of a configuration.
+pub struct Checked {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// `hub run --check --config FILE ARGS…` of the configuration `yaml` (written to a
+/// temporary `hub.yaml`).
+pub fn check_config(yaml: &str, args: &[&std::ffi::OsStr]) -> Checked {
+    let dir = TempDir::new("check");
+    let path = dir.path().join("hub.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let out = Command::new(hub_bin())
+        .args(["run", "--check", "--config"])
+        .arg(&path)
+        .args(args)
+        .output()
+        .unwrap();
+    Checked {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}

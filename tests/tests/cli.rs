@@ -1,7 +1,7 @@
 //! The command-line contract: --version, --help, config validation with exit code 2.
 use std::process::Command;
 
-use hub_tests::{TempDir, hub_bin};
+use hub_tests::{TempDir, hub::check_config, hub_bin};
 
 fn run_with_config(yaml: &str) -> (Option<i32>, String) {
     let dir = TempDir::new("cli");
@@ -106,30 +106,17 @@ fn cgroup2_root() -> String {
         .expect("a cgroup2 mount")
 }
 
-/// `hub run --check` still says `config ok`, and warns when the programs would attach at
 /// With no cgroupPath, `hub run --check` finds this machine's cgroup2 hierarchy in its
 /// mountinfo (here a hybrid host: cgroup2 at /sys/fs/cgroup/unified beside v1's tmpfs)
 /// and says where and why.
 #[test]
 fn check_finds_this_host_s_cgroup2_hierarchy() {
-    let dir = TempDir::new("cli-cgroup2");
-    let path = dir.path().join("hub.yaml");
-    std::fs::write(
-        &path,
+    let checked = check_config(
         "nodeName: n1\ncloud:\n  servers: [\"https://127.0.0.1:6443\"]\nintercept:\n  vips: [\"127.0.0.1:6443\"]\n",
-    )
-    .unwrap();
-    let out = Command::new(hub_bin())
-        .args(["run", "--check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&out.stderr)
+        &[],
     );
+    let said = &checked.stdout;
+    assert!(checked.ok, "{said}{}", checked.stderr);
     let root = cgroup2_root();
     assert!(
         said.contains(&format!("cgroup2 hierarchy: {} (", root)),
@@ -142,29 +129,22 @@ fn check_finds_this_host_s_cgroup2_hierarchy() {
     assert_eq!(said.contains("a hybrid host"), sys_is_tmpfs, "{said}");
 }
 
+/// `hub run --check` still says `config ok`, and warns when the programs would attach at
 /// the cgroup2 root (every process on the host redirected, a loopback apiserver's own
 /// clients too); attached to a cgroup below it, it does not.
 #[test]
 fn check_warns_when_interception_would_reach_the_whole_host() {
     let root = cgroup2_root();
-    let dir = TempDir::new("cli-scope");
     let config = |cgroup: &str| {
-        let path = dir.path().join("hub.yaml");
-        std::fs::write(
-            &path,
-            format!(
+        let checked = check_config(
+            &format!(
                 "nodeName: n1\ncloud:\n  servers: [\"https://127.0.0.1:6443\"]\nintercept:\n  cgroupPath: {cgroup}\n  vips: [\"127.0.0.1:6443\"]\n"
             ),
-        )
-        .unwrap();
-        let out = Command::new(hub_bin())
-            .args(["run", "--check", "--config"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        assert!(out.status.success());
-        assert!(String::from_utf8_lossy(&out.stdout).contains("\nconfig ok"));
-        String::from_utf8_lossy(&out.stderr).into_owned()
+            &[],
+        );
+        assert!(checked.ok);
+        assert!(checked.stdout.contains("\nconfig ok"));
+        checked.stderr
     };
     let warned = config(&root);
     assert!(

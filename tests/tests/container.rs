@@ -481,6 +481,14 @@ impl Drop for Node {
     }
 }
 
+/// The pod spec's container named `hub`.
+fn hub_container(spec: &Yaml) -> Yaml {
+    seq(&spec["containers"])
+        .into_iter()
+        .find(|c| c["name"] == "hub")
+        .expect("the hub container")
+}
+
 fn seq(v: &Yaml) -> Vec<Yaml> {
     v.as_sequence().cloned().unwrap_or_default()
 }
@@ -563,10 +571,7 @@ fn the_image_runs_as_the_daemonset_s_pod_in_a_real_container_runtime() {
     let ds = find(&docs, "DaemonSet", "hub");
     let spec = &ds["spec"]["template"]["spec"];
     let init = &spec["initContainers"][0];
-    let hub = seq(&spec["containers"])
-        .into_iter()
-        .find(|c| c["name"] == "hub")
-        .expect("the hub container");
+    let hub = hub_container(spec);
     let node = Node::new(&hub_config(&docs));
     let cloud = node.cloud();
     let mut ctd = Containerd::start();
@@ -750,10 +755,7 @@ fn the_k3s_overlay_runs_on_a_k3s_node_with_hybrid_cgroups_in_a_private_cgroup_na
     }
     let docs = render(&deploy_dir("overlays/k3s"));
     let spec = &find(&docs, "DaemonSet", "hub")["spec"]["template"]["spec"];
-    let hub = seq(&spec["containers"])
-        .into_iter()
-        .find(|c| c["name"] == "hub")
-        .expect("the hub container");
+    let hub = hub_container(spec);
     let node = Node::laid_out(&hub_config(&docs), "k3s", true);
     let cloud = node.cloud();
     let mut ctd = Containerd::start();

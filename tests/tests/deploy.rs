@@ -1,11 +1,12 @@
 //! deploy/: the kustomize base and every overlay render (`kubectl kustomize`), every
 //! rendered document is accepted by an apiserver (a server-side dry run against the
 //! stand-in), and each one's hub configuration passes `hub run --check`.
-use std::{path::Path, process::Command};
+use std::{ffi::OsStr, path::Path, process::Command};
 
 use hub_tests::{
     TempDir,
     apiserver::{Options, StandIn},
+    hub::{Checked, check_config},
     hub_bin,
     manifests::{find, hub_config, kustomizations, render},
     node_root::{Cgroups, NodeRoot},
@@ -20,23 +21,12 @@ fn layout_of(dir: &Path) -> &'static str {
         .unwrap_or("kubeadm")
 }
 
-/// `hub run --check` of `config` against the node laid out under `root`: (ok, stdout, stderr).
-fn check(config: &str, root: &Path) -> (bool, String, String) {
-    let tmp = TempDir::new("dep");
-    let path = tmp.path().join("hub.yaml");
-    std::fs::write(&path, config).unwrap();
-    let out = Command::new(hub_bin())
-        .args(["run", "--check", "--node-name", "edge-1", "--config"])
-        .arg(&path)
-        .arg("--node-root")
-        .arg(root)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+/// `hub run --check` of `config` against the node laid out under `root`, with `args`.
+fn check(config: &str, root: &Path, args: &[&str]) -> Checked {
+    let mut all: Vec<&OsStr> = vec!["--node-name".as_ref(), "edge-1".as_ref()];
+    all.extend(["--node-root".as_ref(), root.as_os_str()]);
+    all.extend(args.iter().map(|a| OsStr::new(*a)));
+    check_config(config, &all)
 }
 
 /// Whether the DaemonSet's hub container sees `path` of the host at the same path.
@@ -75,8 +65,9 @@ fn every_kustomization_finds_its_node_layout_and_mounts_what_it_reads() {
         let docs = render(&dir);
         let layout = layout_of(&dir);
         let root = NodeRoot::new(layout, "edge-1", cgroups(layout));
-        let (ok, said, err) = check(&hub_config(&docs), root.path());
-        assert!(ok, "{}: {said}{err}", dir.display());
+        let checked = check(&hub_config(&docs), root.path(), &[]);
+        let said = &checked.stdout;
+        assert!(checked.ok, "{}: {said}{}", dir.display(), checked.stderr);
         assert!(
             said.contains(&format!(
                 "node layout: {layout} (found the kubelet kubeconfig"
@@ -112,7 +103,9 @@ fn check_names_what_the_node_lacks() {
     let config = hub_config(&base());
     let empty = TempDir::new("empty-root");
     std::fs::create_dir_all(empty.path().join("proc/self")).unwrap();
-    let (ok, _, err) = check(&config, empty.path());
+    let Checked {
+        ok, stderr: err, ..
+    } = check(&config, empty.path(), &[]);
     assert!(!ok);
     assert!(
         err.contains("no kubelet kubeconfig found")
@@ -126,7 +119,9 @@ fn check_names_what_the_node_lacks() {
             .join("var/lib/rancher/k3s/agent/client-kubelet.key"),
     )
     .unwrap();
-    let (ok, _, err) = check(&config, root.path());
+    let Checked {
+        ok, stderr: err, ..
+    } = check(&config, root.path(), &[]);
     assert!(!ok);
     assert!(err.contains("client-kubelet.key"), "{err}");
     // cgroup v1 only: interception cannot attach, and the check says how to fix it.
@@ -136,7 +131,9 @@ fn check_names_what_the_node_lacks() {
         "31 22 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n33 31 0:30 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n",
     )
     .unwrap();
-    let (ok, _, err) = check(&config, root.path());
+    let Checked {
+        ok, stderr: err, ..
+    } = check(&config, root.path(), &[]);
     assert!(!ok && err.contains("cgroup v1 only"), "{err}");
     // A kubelet kubeconfig kept elsewhere, given explicitly: read, certificates resolved
     // against its own directory.
@@ -155,24 +152,13 @@ fn check_names_what_the_node_lacks() {
         std::fs::rename(agent.join(f), elsewhere.join(f)).unwrap();
     }
     std::fs::remove_file(agent.join("kubelet.kubeconfig")).unwrap();
-    let tmp = TempDir::new("dep");
-    let path = tmp.path().join("hub.yaml");
-    std::fs::write(&path, &config).unwrap();
-    let out = Command::new(hub_bin())
-        .args(["run", "--check", "--node-name", "edge-1", "--kubeconfig"])
-        .arg("/opt/kubelet/kubeconfig")
-        .arg("--config")
-        .arg(&path)
-        .arg("--node-root")
-        .arg(root.path())
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let checked = check(
+        &config,
+        root.path(),
+        &["--kubeconfig", "/opt/kubelet/kubeconfig"],
     );
+    let said = &checked.stdout;
+    assert!(checked.ok, "{said}{}", checked.stderr);
     assert!(
         said.contains(
             "node layout: configured (cloud.kubeconfig /opt/kubelet/kubeconfig configured)"

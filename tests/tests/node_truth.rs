@@ -444,9 +444,7 @@ fn a_list_in_small_frames_passes_whole_and_is_cached() {
         direct.frames.len(),
         through.frames.len()
     );
-    wait_for("the list in the cache", Duration::from_secs(20), || {
-        (hub.status()["cache"]["entries"].as_u64() >= Some(400)).then_some(())
-    });
+    hub.wait_stored();
     s.cloud_down(&hub);
     let offline = client.get(&path, &headers).unwrap();
     assert_eq!(offline.status, 200);

@@ -24,7 +24,9 @@ use hub_tests::{
     },
     hub::{HubProc, LoopbackHub as HubConfig},
     ports::free_port,
-    process, wait_for,
+    process,
+    scenario::Setup as Scenario,
+    wait_for,
 };
 use serde_json::{Value, json};
 
@@ -756,6 +758,19 @@ fn certificates_rotate_without_dropping_connections() {
     );
 }
 
+/// A cloud whose nodes may do anything (CSRs, Events), with the test node and its PKI.
+fn csr_cloud() -> Scenario {
+    let s = Scenario::new(&[]);
+    s.cloud
+        .state
+        .auth
+        .write()
+        .unwrap()
+        .allow(Rule::new("system:nodes", &["*"], &["*"], &["*"]));
+    seed::node(&s.cloud.state.store, NODE);
+    s
+}
+
 /// Without tls.certFile the hub asks the cloud for its serving certificate (a CSR with the
 /// node identity, signer kubernetes.io/kubelet-serving), waits for approval, stores the
 /// pair owner-only, serves with it, and after a restart with the cloud down serves at once
@@ -763,23 +778,14 @@ fn certificates_rotate_without_dropping_connections() {
 #[test]
 fn serving_certificate_by_csr_and_offline_restart() {
     use std::os::unix::fs::PermissionsExt;
-    let ca = Arc::new(TestCa::new("cloud-ca"));
-    let cloud = StandIn::start_with_ca(
-        "127.0.0.1:0".parse().unwrap(),
-        Options::default(),
-        ca.clone(),
-    )
-    .unwrap();
-    cloud
-        .state
-        .auth
-        .write()
-        .unwrap()
-        .allow(Rule::new("system:nodes", &["*"], &["*"], &["*"]));
-    let dir = TempDir::new("csr");
+    let Scenario {
+        ca,
+        cloud,
+        dir,
+        pki,
+        ..
+    } = csr_cloud();
     let approver_files = approver_identity(&cloud, dir.path());
-    seed::node(&cloud.state.store, NODE);
-    let pki = ca.write_hub_pki(dir.path(), NODE, &[]).unwrap();
     let cache = dir.path().join("cache");
     let (tls_port, plain_port, admin_port) = (free_port(), free_port(), free_port());
     let config = HubConfig {
@@ -864,22 +870,13 @@ fn serving_certificate_by_csr_and_offline_restart() {
 /// it becomes ready.
 #[test]
 fn a_serving_certificate_waiting_for_approval_says_so() {
-    let ca = Arc::new(TestCa::new("cloud-ca"));
-    let cloud = StandIn::start_with_ca(
-        "127.0.0.1:0".parse().unwrap(),
-        Options::default(),
-        ca.clone(),
-    )
-    .unwrap();
-    cloud
-        .state
-        .auth
-        .write()
-        .unwrap()
-        .allow(Rule::new("system:nodes", &["*"], &["*"], &["*"]));
-    let dir = TempDir::new("csr-pending");
-    seed::node(&cloud.state.store, NODE);
-    let pki = ca.write_hub_pki(dir.path(), NODE, &[]).unwrap();
+    let Scenario {
+        ca,
+        cloud,
+        dir,
+        pki,
+        ..
+    } = csr_cloud();
     let cache = dir.path().join("cache");
     let config = HubConfig {
         servers: vec![cloud.url()],

@@ -394,13 +394,16 @@ struct ReceivedBody {
 }
 
 impl ReceivedBody {
+    /// `data`, read: its bytes go back to the connection's flow-control window.
+    fn released(&mut self, data: Bytes) -> Bytes {
+        let _ = self.recv.flow_control().release_capacity(data.len());
+        data
+    }
+
     /// The next data frame if one has already arrived.
     fn ready_data(&mut self, cx: &mut Context<'_>) -> Option<Bytes> {
         match self.recv.poll_data(cx) {
-            Poll::Ready(Some(Ok(data))) => {
-                let _ = self.recv.flow_control().release_capacity(data.len());
-                Some(data)
-            }
+            Poll::Ready(Some(Ok(data))) => Some(self.released(data)),
             Poll::Ready(Some(Err(e))) => {
                 self.failed = Some(e);
                 None
@@ -432,7 +435,7 @@ impl Body for ReceivedBody {
         if !self.data_done {
             match ready!(self.recv.poll_data(cx)) {
                 Some(Ok(first)) => {
-                    let _ = self.recv.flow_control().release_capacity(first.len());
+                    let first = self.released(first);
                     if first.len() >= COALESCE_MAX {
                         return Poll::Ready(Some(Ok(Frame::data(first))));
                     }
