@@ -455,6 +455,20 @@ pub fn render(s: &StatusReport) -> String {
             let _ = writeln!(out, "cache:        off");
         }
     }
+    if let Some(w) = &s.node_watch_cache {
+        let _ = writeln!(
+            out,
+            "watch cache:  {} lists and {} watches answered from the node's shared sets, {} checks sent to the cloud, {} reads left to the cloud, {} credential scopes allowed",
+            w.lists_served, w.watches_served, w.checks, w.passed_to_cloud, w.credentials_allowed
+        );
+        for set in &w.sets {
+            let _ = writeln!(
+                out,
+                "  {}: {}, {} objects at resourceVersion {}, {} lists, {} events",
+                set.gvr, set.state, set.objects, set.resource_version, set.lists, set.events
+            );
+        }
+    }
     match &s.coordinator {
         Some(c) => {
             let _ = writeln!(

@@ -174,6 +174,21 @@ pub struct CacheConfig {
     /// 1 h by default) would have removed them anyway.
     #[serde(default = "default_event_ttl_seconds")]
     pub event_ttl_seconds: u64,
+    /// The node-level watch cache: resources the hub lists and watches once for the whole
+    /// node, as the node, and answers every client's LIST and watch of from that one set
+    /// (`group/version/resource`, as poolScopeResources; empty turns it off). The node
+    /// must be allowed to list and watch them across all namespaces: services by
+    /// kube-apiserver's Node authorizer, endpoints and EndpointSlices by the ClusterRole the
+    /// DaemonSet installs. A resource the cloud refuses the node is left to the cloud. With
+    /// a pool, its pool-scope resources come from the coordinator instead.
+    #[serde(default = "default_shared_resources")]
+    pub shared_resources: Vec<String>,
+    /// How long the cloud's answer to a credential's own request lets that credential be
+    /// answered from a shared set (for the same verb, resource, namespace and selectors);
+    /// a later request of it renews it. kube-apiserver's webhook authorizer caches an
+    /// allowed answer this long by default.
+    #[serde(default = "default_authorization_seconds")]
+    pub authorization_seconds: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -226,6 +241,12 @@ pub struct CoordinatorConfig {
     pub tombstone_ttl_seconds: u64,
 }
 
+fn default_shared_resources() -> Vec<String> {
+    default_pool_scope()
+}
+fn default_authorization_seconds() -> u64 {
+    300
+}
 fn yes() -> bool {
     true
 }
@@ -348,6 +369,8 @@ impl Default for CacheConfig {
             enabled: true,
             components: default_cache_components(),
             event_ttl_seconds: default_event_ttl_seconds(),
+            shared_resources: default_shared_resources(),
+            authorization_seconds: default_authorization_seconds(),
         }
     }
 }
@@ -454,6 +477,22 @@ impl Config {
         ] {
             if v == 0 {
                 return Err(invalid(field, "must be at least 1 second"));
+            }
+        }
+        if self.cache.authorization_seconds == 0 {
+            return Err(invalid(
+                "cache.authorizationSeconds",
+                "must be at least 1 second",
+            ));
+        }
+        for (i, gvr) in self.cache.shared_resources.iter().enumerate() {
+            if crate::coordinator::leader::api_path(gvr).is_none() {
+                return Err(invalid(
+                    format!("cache.sharedResources[{i}]"),
+                    format!(
+                        "`{gvr}` is not group/version/resource (`/v1/services`, `discovery.k8s.io/v1/endpointslices`)"
+                    ),
+                ));
             }
         }
         // Neither cloud.servers nor cloud.kubeconfig: the kubelet's kubeconfig is looked

@@ -16,6 +16,7 @@ use crate::{
     intercept::{self, Interceptor, OriginLookup},
     proxy::{Listener, Proxy, serving},
     relay,
+    shared::Shared,
     state::{DataPath, HubState, InterceptState},
     upstream::{
         Cloud,
@@ -40,6 +41,30 @@ pub enum DaemonError {
     Config(String),
     #[error("interception: {0}")]
     Intercept(#[from] intercept::InterceptError),
+}
+
+/// The node-level watch cache (`crate::shared`), when resources are configured for it.
+fn node_watch_cache(
+    config: &Config,
+    cloud: &Arc<Cloud>,
+    stop: &watch::Receiver<bool>,
+) -> Option<Arc<Shared>> {
+    let resources = &config.cache.shared_resources;
+    if resources.is_empty() {
+        return None;
+    }
+    let authorization = Duration::from_secs(config.cache.authorization_seconds);
+    let shared = Shared::new(
+        cloud.clone(),
+        resources.clone(),
+        authorization,
+        stop.clone(),
+    );
+    tracing::info!(
+        ?resources,
+        "node-level watch cache: each shared resource is listed and watched once for the node"
+    );
+    Some(Arc::new(shared))
 }
 
 /// Every address whose connects are redirected: config, kubeconfigs, in-cluster Service.
@@ -357,6 +382,10 @@ pub async fn run(
     } else {
         DataPath::Relay
     });
+    let shared = node_watch_cache(&config, &cloud, &stop_rx);
+    if let Some(s) = &shared {
+        state.set_shared(s.clone());
+    }
     let make_proxy = |origins: Option<Arc<dyn OriginLookup>>| {
         Arc::new(Proxy {
             node_name: config.node_name.clone(),
@@ -367,6 +396,7 @@ pub async fn run(
             pods: pods.clone(),
             cache: cache.clone(),
             pool: pool.clone(),
+            shared: shared.clone(),
         })
     };
     let plain = make_proxy(None);

@@ -22,6 +22,7 @@ pub mod owner;
 pub mod proxy;
 pub mod relay;
 pub mod route;
+pub mod shared;
 pub mod state;
 pub mod trace_follow;
 pub mod upstream;

@@ -26,6 +26,9 @@ pub enum Route {
     Cloud,
     Coordinator,
     LocalCache,
+    /// The node-level watch cache (`crate::shared`): the cloud's data, held once for the
+    /// node, answered in the cloud's stead while the cloud is up.
+    NodeWatchCache,
 }
 
 impl Route {
@@ -34,6 +37,7 @@ impl Route {
             Route::Cloud => "cloud",
             Route::Coordinator => "coordinator",
             Route::LocalCache => "local-cache",
+            Route::NodeWatchCache => "node-watch-cache",
         }
     }
 }

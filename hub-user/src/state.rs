@@ -130,6 +130,9 @@ pub struct StatusReport {
     /// Set while the serving certificate's CSR waits for approval.
     #[serde(default)]
     pub serving_certificate: Option<String>,
+    /// The node-level watch cache; None when no resource is shared.
+    #[serde(default)]
+    pub node_watch_cache: Option<crate::shared::Status>,
 }
 
 /// Connections to VIPs that bypass the hub (opened while it was not running).
@@ -162,6 +165,7 @@ pub struct HubState {
     pub metrics: Metrics,
     cloud: OnceLock<Arc<Cloud>>,
     pool: OnceLock<Arc<Pool>>,
+    shared: OnceLock<Arc<crate::shared::Shared>>,
     data_path: Mutex<DataPath>,
     routes: Mutex<BTreeMap<String, RouteCounts>>,
     last_errors: Mutex<VecDeque<(u64, String)>>,
@@ -199,6 +203,7 @@ impl HubState {
             metrics: Metrics::new(),
             cloud: OnceLock::new(),
             pool: OnceLock::new(),
+            shared: OnceLock::new(),
             data_path: Mutex::new(DataPath::Relay),
             routes: Mutex::new(BTreeMap::new()),
             last_errors: Mutex::new(VecDeque::new()),
@@ -236,6 +241,10 @@ impl HubState {
     pub fn set_pool(&self, pool: Arc<Pool>) {
         let _ = self.metrics.pool.0.set(pool.clone());
         let _ = self.pool.set(pool);
+    }
+
+    pub fn set_shared(&self, shared: Arc<crate::shared::Shared>) {
+        let _ = self.shared.set(shared);
     }
 
     pub fn set_cache(&self, cache: Arc<Cache>) {
@@ -395,6 +404,7 @@ impl HubState {
             bypass: self.bypass_status(),
             node_layout: self.node_layout.lock().unwrap().clone(),
             serving_certificate: self.serving_certificate(),
+            node_watch_cache: self.shared.get().map(|s| s.status()),
         }
     }
 }

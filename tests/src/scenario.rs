@@ -31,6 +31,8 @@ pub struct Setup {
     pub tls: u16,
     pub admin: String,
     pub components: String,
+    /// More lines for the hub config's `cache:` section (two-space indented).
+    pub cache_extra: String,
     /// Survives hub restarts: the cache lives here.
     pub state: PathBuf,
     pub dir: TempDir,
@@ -60,6 +62,7 @@ impl Setup {
             tls: free_port(),
             admin: format!("127.0.0.1:{}", free_port()),
             components: components.join(", "),
+            cache_extra: String::new(),
             state,
             dir,
         }
@@ -75,7 +78,7 @@ impl Setup {
             plain: free_port(),
             tls: Some(self.tls),
             admin: self.admin.clone(),
-            extra: format!("  components: [{}]\n", self.components),
+            extra: format!("  components: [{}]\n{}", self.components, self.cache_extra),
         };
         HubProc::start_yaml(None, &self.admin, None, |_, _| config.yaml(&self.state))
     }

@@ -171,11 +171,12 @@ fn base() -> Vec<serde_yaml::Value> {
     render(&hub_tests::manifests::deploy_dir("base"))
 }
 
-/// The pool leader lists and watches the pool-scope resources with its node's identity:
-/// the RBAC must grant exactly that to the nodes' group, for every pool-scope resource of
-/// the ConfigMap (the default system:node role does not cover endpointslices).
+/// The pool leader lists and watches the pool-scope resources with its node's identity, and
+/// the node-level watch cache its shared resources: the RBAC must grant exactly that to the
+/// nodes' group, for every such resource of the ConfigMap (the default system:node role
+/// does not cover endpointslices).
 #[test]
-fn nodes_may_list_and_watch_every_pool_scope_resource() {
+fn nodes_may_list_and_watch_every_pool_scope_and_shared_resource() {
     let docs = base();
     let binding = find(&docs, "ClusterRoleBinding", "hub:pool-leader");
     assert_eq!(binding["subjects"][0]["kind"], "Group");
@@ -186,11 +187,20 @@ fn nodes_may_list_and_watch_every_pool_scope_resource() {
         binding["roleRef"]["name"].as_str().unwrap(),
     );
     let hub_yaml: serde_yaml::Value = serde_yaml::from_str(&hub_config(&docs)).unwrap();
-    let scope = hub_yaml["coordinator"]["poolScopeResources"]
-        .as_sequence()
-        .expect("poolScopeResources");
-    assert!(!scope.is_empty());
-    for gvr in scope {
+    let listed = |v: &serde_yaml::Value, what: &str| {
+        let list = v.as_sequence().unwrap_or_else(|| panic!("{what}")).clone();
+        assert!(!list.is_empty(), "{what} is empty");
+        list
+    };
+    let mut scope = listed(
+        &hub_yaml["coordinator"]["poolScopeResources"],
+        "poolScopeResources",
+    );
+    scope.extend(listed(
+        &hub_yaml["cache"]["sharedResources"],
+        "sharedResources",
+    ));
+    for gvr in &scope {
         // "group/version/resource", the core group empty.
         let gvr = gvr.as_str().unwrap();
         let (group, resource) = (

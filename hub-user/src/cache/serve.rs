@@ -820,7 +820,6 @@ fn list_body(enc: Encoding, page: &Page, items: &[&Latest]) -> Result<Vec<u8>, S
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let bodies = picked.iter().map(|item| item.body.as_slice());
     match enc {
         Encoding::Json => {
             let mut meta = serde_json::json!({"resourceVersion": page.rv.to_string()});
@@ -835,20 +834,41 @@ fn list_body(enc: Encoding, page: &Page, items: &[&Latest]) -> Result<Vec<u8>, S
                 meta
             )
             .into_bytes();
-            for (i, body) in bodies.enumerate() {
+            for (i, item) in picked.iter().enumerate() {
                 if i > 0 {
                     out.push(b',');
                 }
-                out.extend_from_slice(body);
+                out.extend_from_slice(&json_list_item(item));
             }
             out.extend_from_slice(b"]}");
             Ok(out)
         }
         Encoding::Protobuf => {
+            let bodies = picked.iter().map(|item| item.body.as_slice());
             let raw =
                 kproto::list_message(&page.rv.to_string(), &page.next, page.remaining, bodies);
             Ok(kproto::envelope(&page.api_version, &page.list_kind, &raw))
         }
+    }
+}
+
+/// An object as a JSON list's item: kube-apiserver writes list items without their own
+/// `kind` and `apiVersion` (the list names them), while watch events and conversions from
+/// protobuf start with both.
+fn json_list_item(item: &Item) -> Cow<'_, [u8]> {
+    let type_meta = format!(
+        "{{\"kind\":{},\"apiVersion\":{},",
+        serde_json::Value::from(item.kind.as_str()),
+        serde_json::Value::from(item.api_version.as_str())
+    );
+    match item.body.strip_prefix(type_meta.as_bytes()) {
+        Some(rest) => {
+            let mut b = Vec::with_capacity(rest.len() + 1);
+            b.push(b'{');
+            b.extend_from_slice(rest);
+            Cow::Owned(b)
+        }
+        None => Cow::Borrowed(&item.body),
     }
 }
 

@@ -1,5 +1,6 @@
-//! A GET of the cloud as the node, in JSON, its body ungzipped: how the pool leader lists
-//! and watches the pool-scope resources.
+//! A GET of the cloud as the node, its body ungzipped: how the pool leader lists and
+//! watches the pool-scope resources (in JSON), and the node-level watch cache its
+//! resources (in protobuf).
 use http_body_util::BodyExt;
 use hyper::{Request, StatusCode, header};
 
@@ -24,11 +25,21 @@ pub async fn get_as_node(
     path_and_query: &str,
     user_agent: &str,
 ) -> Result<hyper::Response<ProxyBody>, GetError> {
+    get_as_node_in(cloud, path_and_query, user_agent, "application/json").await
+}
+
+/// Like [`get_as_node`], asking for the answer in `accept`.
+pub async fn get_as_node_in(
+    cloud: &Cloud,
+    path_and_query: &str,
+    user_agent: &str,
+    accept: &str,
+) -> Result<hyper::Response<ProxyBody>, GetError> {
     let (resp, _) = cloud
         .send(AsWho::Node, |server| {
             Request::builder()
                 .uri(server.uri(path_and_query.parse().ok()?))
-                .header(header::ACCEPT, "application/json")
+                .header(header::ACCEPT, accept)
                 // Large lists cross the edge link gzipped, as client-go asks for them.
                 .header(header::ACCEPT_ENCODING, "gzip")
                 .header(header::USER_AGENT, user_agent)

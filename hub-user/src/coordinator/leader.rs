@@ -24,6 +24,7 @@ use super::{
 use crate::{
     body::ProxyBody,
     cache::objects::{self, Encoding, EventType, Item},
+    proxy::request::percent_encode,
     upstream::cloud::Cloud,
 };
 
@@ -48,7 +49,7 @@ pub fn synced_key(gvr: &str) -> String {
 }
 
 /// The API path of a resource across all namespaces.
-fn api_path(gvr: &str) -> Option<String> {
+pub fn api_path(gvr: &str) -> Option<String> {
     let (group, version, resource) = split_gvr(gvr)?;
     Some(if group.is_empty() {
         format!("/api/{version}/{resource}")
@@ -186,7 +187,7 @@ impl Syncer {
         loop {
             let mut q = format!("{}?limit={PAGE}", self.path);
             if !cont.is_empty() {
-                q.push_str(&format!("&continue={}", urlencode(&cont)));
+                q.push_str(&format!("&continue={}", percent_encode(&cont)));
             }
             let resp = self.get(&q).await?;
             let body = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
@@ -340,17 +341,6 @@ fn bookmark_rv(line: &[u8]) -> u64 {
         .unwrap_or(0)
 }
 
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,6 +360,5 @@ mod tests {
             bookmark_rv(br#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"42"}}}"#),
             42
         );
-        assert_eq!(urlencode("a+b/c="), "a%2Bb%2Fc%3D");
     }
 }

@@ -11,6 +11,8 @@ pub mod request;
 pub mod serving;
 pub mod warnings;
 
+pub use backends::{Asked, Refusal};
+
 use std::{
     net::SocketAddr,
     pin::Pin,
@@ -29,7 +31,7 @@ use tokio::{net::TcpListener, sync::watch};
 use tracing::Instrument;
 
 use self::{
-    backends::{Asked, Backend, CacheBackend, CloudBackend, CoordinatorBackend, Refusal},
+    backends::{Backend, CacheBackend, CloudBackend, CoordinatorBackend},
     forward::{ForwardError, status},
     request::{RequestInfo, component},
 };
@@ -40,6 +42,7 @@ use crate::{
     intercept::{ConnOrigin, OriginLookup},
     metrics::{LatencyLabels, RequestLabels},
     route::{self, Route},
+    shared::Shared,
     state::{ConnRecord, HubState},
     upstream::{Cloud, cloud::AsWho},
 };
@@ -108,6 +111,8 @@ pub struct Proxy {
     pub pods: peer::PodCgroups,
     pub cache: Option<Arc<Cache>>,
     pub pool: Option<Arc<Pool>>,
+    /// The node-level watch cache, when shared resources are configured.
+    pub shared: Option<Arc<Shared>>,
 }
 
 impl Proxy {
@@ -420,8 +425,28 @@ impl Proxy {
         let plan = route::plan(asked.inputs);
         for &route in &plan {
             let cloud = &self.cloud;
+            if route == Route::Cloud
+                && let Some(shared) = self.shared_for(asked)
+            {
+                match shared.serve(asked).await {
+                    Ok(resp) => {
+                        let route = Route::NodeWatchCache;
+                        return (route, self.deliver(route, resp, asked, delivery).await);
+                    }
+                    Err(Refusal::Final(resp)) => return (Route::Cloud, resp),
+                    Err(Refusal::Unable(why)) => {
+                        tracing::debug!(path = asked.path, "node-level watch cache: {why}");
+                    }
+                }
+            }
             let answer = match route {
-                Route::Cloud => CloudBackend(cloud).serve(asked).await,
+                Route::Cloud => {
+                    let answer = CloudBackend(cloud).serve(asked).await;
+                    if let (Some(shared), Ok(resp)) = (&self.shared, &answer) {
+                        shared.learn(asked, resp.status());
+                    }
+                    answer
+                }
                 Route::LocalCache => {
                     let cache = self.cache.as_deref();
                     CacheBackend { cache, cloud }.serve(asked).await
@@ -430,6 +455,8 @@ impl Proxy {
                     let pool = self.pool.as_ref();
                     CoordinatorBackend { pool, cloud }.serve(asked).await
                 }
+                // Never planned: it answers in the cloud's stead, above.
+                Route::NodeWatchCache => Err("not a planned route".to_string().into()),
             };
             match answer {
                 Ok(resp) => return (route, self.deliver(route, resp, asked, delivery).await),
@@ -439,6 +466,17 @@ impl Proxy {
         }
         let last = plan.last().copied().unwrap_or(Route::Cloud);
         (last, self.unavailable(asked.info, asked.inputs, why))
+    }
+
+    /// The node-level watch cache, if it may answer this request: a shared resource's
+    /// collection read while the cloud is up, and not one the pool's leader shares
+    /// through the coordinator.
+    fn shared_for(&self, asked: &Asked<'_>) -> Option<&Arc<Shared>> {
+        let i = asked.inputs;
+        let pool_shares_it = self.pool.is_some() && i.pool_scope;
+        self.shared.as_ref().filter(|s| {
+            i.cloud_healthy && !i.cloud_unknown && !pool_shares_it && s.covers(asked.info)
+        })
     }
 
     /// What the router needs to know about the hub's state for this request.
@@ -465,7 +503,7 @@ impl Proxy {
         how: &Delivery<'_>,
     ) -> Response<ProxyBody> {
         let resp = match (&self.cache, route) {
-            (Some(c), Route::Cloud | Route::Coordinator) => c.tee(
+            (Some(c), Route::Cloud | Route::Coordinator | Route::NodeWatchCache) => c.tee(
                 resp,
                 asked.info,
                 asked.path,

@@ -24,6 +24,18 @@ pub(super) fn flag(query: &str, name: &str) -> bool {
     })
 }
 
+/// `s` percent-encoded for a query parameter's value (every byte but the unreserved).
+pub fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// One query parameter, percent-decoded (`+` is a space, as Go's url.ParseQuery reads it).
 pub fn query_param(query: &str, name: &str) -> Option<String> {
     let raw = query
@@ -173,6 +185,14 @@ pub fn component(user_agent: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percent_encoding_round_trips() {
+        let token = "a+b/c= d";
+        assert_eq!(percent_encode(token), "a%2Bb%2Fc%3D%20d");
+        let q = format!("continue={}", percent_encode(token));
+        assert_eq!(query_param(&q, "continue").as_deref(), Some(token));
+    }
 
     #[test]
     fn parses_the_common_shapes() {

@@ -1,0 +1,416 @@
+//! The node-level watch cache: for each resource in `cache.sharedResources`, the hub holds
+//! one cloud list+watch for the whole node (as the node, across all namespaces) and
+//! answers every client's LIST and watch of it from that one set — any label or field
+//! selector, either encoding — with kube-apiserver's resourceVersion semantics. The cloud
+//! then pays for a node once instead of once per client.
+//!
+//! Authorization stays the cloud's (`authz`): a client is answered from the set only while
+//! the cloud has lately answered that client's own credential for the same verb and scope;
+//! otherwise its request first goes to the cloud as a one-item list, or as a watch that
+//! is closed once the cloud's answer has begun. Those checks also keep reads consistent: a
+//! LIST or streamed list without a resourceVersion is answered only once the set has
+//! passed the resourceVersion the cloud's one-item list stands at.
+//!
+//! What the set cannot answer truthfully goes to the cloud as before: a continued list, an
+//! exact resourceVersion, a list larger than its `limit`, a set not current (the cloud's
+//! watch broke, or the cloud refuses the node this resource). Offline, the set is not used:
+//! the node's cache answers each credential what the cloud gave it.
+pub mod authz;
+pub mod set;
+mod sync;
+pub mod watch;
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::{Request, Response, StatusCode, header};
+
+use self::{
+    authz::{Memo, Scope},
+    set::{Set, State},
+    watch::Start,
+};
+use crate::{
+    body::ProxyBody,
+    cache::serve::{answer_from, param, selector},
+    coordinator::leader::api_path,
+    proxy::{
+        Asked, Refusal,
+        forward::forward_parts,
+        request::{RequestInfo, percent_encode},
+    },
+    upstream::Cloud,
+};
+
+/// How long a read waits for the set to reach the resourceVersion it must reflect (a
+/// progress probe shows it within about a second) before the cloud is asked instead.
+const FRESH_WAIT: Duration = Duration::from_secs(5);
+/// The largest answer to a one-item list read for its resourceVersion.
+const MAX_CHECK_ANSWER: usize = 1024 * 1024;
+
+/// What the node-level watch cache has done, for `hub status` and the metrics.
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub lists: AtomicU64,
+    pub watches: AtomicU64,
+    /// One-item lists and opened watches sent to learn a credential's authorization or
+    /// the cloud's resourceVersion.
+    pub checks: AtomicU64,
+    /// Reads left to the cloud: the set could not answer them truthfully.
+    pub passed: AtomicU64,
+}
+
+/// What `hub status` shows of the node-level watch cache.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Status {
+    pub sets: Vec<set::Summary>,
+    pub lists_served: u64,
+    pub watches_served: u64,
+    pub checks: u64,
+    pub passed_to_cloud: u64,
+    pub credentials_allowed: usize,
+}
+
+pub struct Shared {
+    cloud: Arc<Cloud>,
+    /// Resources shared (`/v1/services`, `discovery.k8s.io/v1/endpointslices`).
+    resources: Vec<String>,
+    memo: Memo,
+    sets: Mutex<HashMap<String, Arc<Set>>>,
+    stop: tokio::sync::watch::Receiver<bool>,
+    pub counts: Counts,
+}
+
+/// The resourceVersion a read must reflect.
+enum Fresh {
+    /// Any: the set as it is (resourceVersion 0).
+    Any,
+    /// At least this one (resourceVersionMatch=NotOlderThan, or a resumed watch).
+    NotOlderThan(u64),
+    /// The cloud's current one (no resourceVersion: a consistent read).
+    Current,
+}
+
+impl Shared {
+    pub fn new(
+        cloud: Arc<Cloud>,
+        resources: Vec<String>,
+        authorization: Duration,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Shared {
+        Shared {
+            cloud,
+            resources,
+            memo: Memo::new(authorization),
+            sets: Mutex::new(HashMap::new()),
+            stop,
+            counts: Counts::default(),
+        }
+    }
+
+    /// A collection LIST or watch of a shared resource.
+    pub fn covers(&self, info: &RequestInfo) -> bool {
+        info.is_resource
+            && info.name.is_empty()
+            && info.subresource.is_empty()
+            && matches!(info.verb, "list" | "watch")
+            && self.resources.iter().any(|g| info.gvr_is(g))
+    }
+
+    /// The set of `info`'s resource; the first ask starts its sync.
+    fn set(&self, info: &RequestInfo) -> Option<Arc<Set>> {
+        let gvr = info.gvr();
+        let mut sets = self.sets.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = sets.get(&gvr) {
+            return Some(s.clone());
+        }
+        let path = api_path(&gvr)?;
+        let set = Arc::new(Set::new(&gvr, &info.resource));
+        sets.insert(gvr, set.clone());
+        let (cloud, stop) = (self.cloud.clone(), self.stop.clone());
+        tokio::spawn(sync::probe_when_wanted(
+            set.clone(),
+            cloud.clone(),
+            path.clone(),
+            stop.clone(),
+        ));
+        tokio::spawn(sync::run(set.clone(), cloud, path, stop));
+        Some(set)
+    }
+
+    fn scope(&self, asked: &Asked<'_>, verb: &'static str) -> Scope {
+        Scope {
+            credential: (asked.credential)(),
+            verb,
+            gvr: asked.info.gvr(),
+            namespace: asked.info.namespace.clone(),
+            label_selector: param(asked.query, "labelSelector"),
+            field_selector: param(asked.query, "fieldSelector"),
+        }
+    }
+
+    /// Learns from the cloud's answer to a request it was sent: 2xx allows the scope for a
+    /// while, 401/403 forgets it.
+    pub fn learn(&self, asked: &Asked<'_>, status: StatusCode) {
+        if !self.covers(asked.info) {
+            return;
+        }
+        let scope = self.scope(asked, asked.info.verb);
+        if status.is_success() {
+            self.memo.allowed(scope);
+        } else if matches!(status.as_u16(), 401 | 403) {
+            self.memo.refused(&scope);
+        }
+    }
+
+    /// Answers a LIST or watch from the shared set, or says why the cloud must.
+    pub async fn serve(&self, asked: &Asked<'_>) -> Result<Response<ProxyBody>, Refusal> {
+        let answer = self.try_serve(asked).await;
+        let counter = match (&answer, asked.info.verb) {
+            (Ok(_), "watch") => &self.counts.watches,
+            (Ok(_), _) => &self.counts.lists,
+            (Err(Refusal::Unable(_)), _) => &self.counts.passed,
+            (Err(Refusal::Final(_)), _) => return answer,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        answer
+    }
+
+    async fn try_serve(&self, asked: &Asked<'_>) -> Result<Response<ProxyBody>, Refusal> {
+        let (info, query) = (asked.info, asked.query);
+        if !param(query, "continue").is_empty() {
+            return Err("a continued list is the cloud's".to_string().into());
+        }
+        if param(query, "resourceVersionMatch") == "Exact" {
+            return Err("an exact resourceVersion is the cloud's".to_string().into());
+        }
+        // A selector the hub cannot evaluate: the cloud says what is wrong with it.
+        if !matches!(selector(info, query), Ok(Ok(_))) {
+            return Err("a selector the hub does not evaluate".to_string().into());
+        }
+        let Some(set) = self.set(info) else {
+            return Err(format!("{} has no API path", info.gvr()).into());
+        };
+        match set.state() {
+            State::Current => {}
+            State::Filling => return Err("the node-level set is being listed".to_string().into()),
+            State::Broken(why) => return Err(format!("the node-level set: {why}").into()),
+        }
+        let watch = info.verb == "watch";
+        let rv = param(query, "resourceVersion");
+        let fresh = match rv.as_str() {
+            "" => Fresh::Current,
+            "0" => Fresh::Any,
+            n => Fresh::NotOlderThan(
+                n.parse()
+                    .map_err(|_| Refusal::Unable(format!("resourceVersion {n:?}")))?,
+            ),
+        };
+        let start = match (&fresh, param(query, "sendInitialEvents") == "true") {
+            (Fresh::NotOlderThan(n), false) => Start::After(*n),
+            _ => Start::Initial,
+        };
+        // The client's own list of one item: its authorization to list, and the cloud's
+        // resourceVersion now.
+        let list_scope = self.scope(asked, "list");
+        let mut reach = match fresh {
+            Fresh::NotOlderThan(n) => n,
+            _ => 0,
+        };
+        if matches!(fresh, Fresh::Current) || (!watch && !self.memo.allows(&list_scope)) {
+            match self.check_list(asked).await {
+                Ok(rv) => {
+                    self.memo.allowed(list_scope);
+                    reach = reach.max(rv);
+                }
+                Err(Refusal::Final(refused)) if !watch => {
+                    self.memo.refused(&list_scope);
+                    return Err(Refusal::Final(refused));
+                }
+                Err(Refusal::Final(_)) => {
+                    return Err("the cloud refuses this credential a list"
+                        .to_string()
+                        .into());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if watch {
+            let watch_scope = self.scope(asked, "watch");
+            if !self.memo.allows(&watch_scope) {
+                match self.check_watch(asked, set.rv()).await {
+                    Ok(()) => self.memo.allowed(watch_scope),
+                    Err(Refusal::Final(refused)) => {
+                        self.memo.refused(&watch_scope);
+                        return Err(Refusal::Final(refused));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if reach > set.rv() && !set.reaches(reach, FRESH_WAIT).await {
+            return Err(format!(
+                "the node-level set stands at {} and did not reach resourceVersion {reach} within {} s",
+                set.rv(),
+                FRESH_WAIT.as_secs()
+            )
+            .into());
+        }
+        if watch {
+            let (cloud, kept) = (self.cloud.clone(), set.clone());
+            let keep_open = move || cloud.healthy() && kept.state() == State::Current;
+            return Ok(watch::serve(
+                &set,
+                info,
+                query,
+                asked.accept,
+                start,
+                Arc::new(keep_open),
+            )?);
+        }
+        Ok(self.list(&set, asked)?)
+    }
+
+    /// A LIST from the set, whole (a list the client pages is the cloud's).
+    fn list(&self, set: &Set, asked: &Asked<'_>) -> Result<Response<ProxyBody>, String> {
+        let (info, query) = (asked.info, asked.query);
+        let (snap, _) = set.snapshot();
+        let items: Vec<_> = snap
+            .items
+            .iter()
+            .filter(|i| info.namespace.is_empty() || i.namespace == info.namespace)
+            .map(|i| (**i).clone())
+            .collect();
+        let limit: usize = param(query, "limit").parse().unwrap_or(0);
+        if limit > 0 && param(query, "resourceVersion") != "0" {
+            let Ok(Ok(sel)) = selector(info, query) else {
+                return Err("a selector the hub does not evaluate".to_string());
+            };
+            if items.iter().filter(|i| sel.matches_item(i)).count() > limit {
+                return Err("a list in pages is the cloud's".to_string());
+            }
+        }
+        answer_from("", items, snap.rv, info, query, asked.accept)
+    }
+
+    /// Sends the client's request (its credential, its selectors) to the cloud as `query`
+    /// on the same path; the cloud's answer.
+    async fn ask_cloud(
+        &self,
+        asked: &Asked<'_>,
+        query: &str,
+        accept: Option<&'static str>,
+    ) -> Result<Response<ProxyBody>, Refusal> {
+        self.counts.checks.fetch_add(1, Ordering::Relaxed);
+        let headers = {
+            let held = asked.request.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(req) = held.as_ref() else {
+                return Err("the request was already sent".to_string().into());
+            };
+            req.headers().clone()
+        };
+        let mut check = Request::builder()
+            .method("GET")
+            .uri(format!("{}?{query}", asked.path))
+            .body(())
+            .map_err(|e| Refusal::Unable(e.to_string()))?;
+        *check.headers_mut() = headers;
+        check.headers_mut().remove(header::ACCEPT_ENCODING);
+        if let Some(a) = accept {
+            check
+                .headers_mut()
+                .insert(header::ACCEPT, header::HeaderValue::from_static(a));
+        }
+        let (parts, ()) = check.into_parts();
+        let answer = forward_parts(&self.cloud, &parts, Bytes::new(), asked.who)
+            .await
+            .map_err(|e| Refusal::Unable(e.to_string()))?;
+        let resp = answer.response;
+        match resp.status().as_u16() {
+            200 => Ok(resp),
+            401 | 403 => Err(Refusal::Final(resp)),
+            code => Err(format!("the cloud answered {code} to the check").into()),
+        }
+    }
+
+    /// The client's own list of one item: whether the cloud lets it list this scope, and
+    /// the resourceVersion the cloud stands at.
+    async fn check_list(&self, asked: &Asked<'_>) -> Result<u64, Refusal> {
+        let query = selectors_of(asked.query, "limit=1");
+        let resp = self
+            .ask_cloud(asked, &query, Some("application/json"))
+            .await?;
+        let body = http_body_util::Limited::new(resp.into_body(), MAX_CHECK_ANSWER)
+            .collect()
+            .await
+            .map_err(|e| Refusal::Unable(format!("reading the check's answer: {e}")))?
+            .to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|_| Refusal::Unable("the check's answer is not JSON".into()))?;
+        v["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|rv| rv.parse().ok())
+            .ok_or_else(|| Refusal::Unable("the check's answer has no resourceVersion".into()))
+    }
+
+    /// The client's own watch, closed as soon as the cloud's answer begins: whether the
+    /// cloud lets it watch this scope.
+    async fn check_watch(&self, asked: &Asked<'_>, from: u64) -> Result<(), Refusal> {
+        let query = selectors_of(
+            asked.query,
+            &format!("watch=1&resourceVersion={from}&timeoutSeconds=1"),
+        );
+        // Dropping the answer resets the stream: nothing but its head crosses the link.
+        self.ask_cloud(asked, &query, None).await.map(drop)
+    }
+
+    pub fn status(&self) -> Status {
+        let sets = self.sets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut summaries: Vec<_> = sets.values().map(|s| s.summary()).collect();
+        summaries.sort_by(|a, b| a.gvr.cmp(&b.gvr));
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Status {
+            sets: summaries,
+            lists_served: n(&self.counts.lists),
+            watches_served: n(&self.counts.watches),
+            checks: n(&self.counts.checks),
+            passed_to_cloud: n(&self.counts.passed),
+            credentials_allowed: self.memo.len(),
+        }
+    }
+}
+
+/// `extra` with the query's selectors (the scope the cloud authorizes).
+fn selectors_of(query: &str, extra: &str) -> String {
+    let mut q = extra.to_string();
+    for name in ["labelSelector", "fieldSelector"] {
+        let v = param(query, name);
+        if !v.is_empty() {
+            q.push_str(&format!("&{name}={}", percent_encode(&v)));
+        }
+    }
+    q
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks_carry_the_scope_and_nothing_else() {
+        let q = "allowWatchBookmarks=true&fieldSelector=spec.clusterIP%21%3DNone&labelSelector=%21service.kubernetes.io%2Fservice-proxy-name&resourceVersionMatch=NotOlderThan&sendInitialEvents=true&timeoutSeconds=538&watch=true";
+        assert_eq!(
+            selectors_of(q, "limit=1"),
+            "limit=1&labelSelector=%21service.kubernetes.io%2Fservice-proxy-name&fieldSelector=spec.clusterIP%21%3DNone"
+        );
+        assert_eq!(selectors_of("resourceVersion=0", "limit=1"), "limit=1");
+    }
+}

@@ -1,0 +1,414 @@
+//! The node-level watch cache: three clients of one node read services as a real node's
+//! do — the kubelet (node certificate, protobuf, streamed lists, `spec.clusterIP!=None`),
+//! kube-proxy (its own token, protobuf, streamed lists, its label selector) and CoreDNS
+//! (its own token, JSON, LIST then watch, all services) — and restart five times. Through
+//! the hub the cloud sends the services once, not once per client and restart, and every
+//! client's view is the one it gets from the cloud directly. Authorization stays the
+//! cloud's: a credential the cloud refuses is refused, and one whose permission the cloud
+//! withdrew is refused once the memo's time is up.
+use std::{collections::BTreeMap, time::Duration};
+
+use hub_tests::{
+    apiserver::{
+        ADMIN_TOKEN,
+        auth::Rule,
+        client::{Client, Reply},
+        seed,
+    },
+    hub::LOOPBACK_NODE,
+    informer::{Informer, Mode},
+    scenario::Setup,
+    wait_for,
+};
+use serde_json::{Value, json};
+
+const KUBELET: &str = "kubelet/v1.36.3 (linux/amd64) kubernetes/7b29fb0";
+const KUBE_PROXY: &str = "kube-proxy/v1.36.3 (linux/amd64) kubernetes/7b29fb0";
+const COREDNS: &str = "coredns/1.12.1 (linux/amd64) kubernetes/v0.0.0";
+const PROXY_TOKEN: &str = "kube-proxy-token";
+const DNS_TOKEN: &str = "coredns-token";
+/// A token the cloud lets read services in ns1 only.
+const NS1_TOKEN: &str = "ns1-reader-token";
+/// A token the cloud lets read nothing.
+const NOBODY_TOKEN: &str = "nobody-token";
+const SERVICES: usize = 150;
+const RESTARTS: usize = 5;
+
+/// (user agent, protobuf, mode, selector) of each client.
+const CLIENTS: [(&str, bool, Mode, &str); 3] = [
+    (
+        KUBELET,
+        true,
+        Mode::WatchList,
+        "fieldSelector=spec.clusterIP%21%3DNone",
+    ),
+    (
+        KUBE_PROXY,
+        true,
+        Mode::WatchList,
+        "fieldSelector=spec.clusterIP%21%3DNone&labelSelector=%21service.kubernetes.io%2Fservice-proxy-name",
+    ),
+    (COREDNS, false, Mode::ListThenWatch, ""),
+];
+
+fn cloud_with_services(cache_extra: &str) -> Setup {
+    let mut s = Setup::new(&["kubelet", "kube-proxy", "coredns"]);
+    s.cache_extra = cache_extra.to_string();
+    let store = &s.cloud.state.store;
+    seed::base(store);
+    for ns in ["ns1", "ns2"] {
+        seed::namespace(store, ns);
+    }
+    seed::node(store, LOOPBACK_NODE);
+    for i in 0..SERVICES {
+        let ns = if i % 2 == 0 { "ns1" } else { "ns2" };
+        seed::service(store, ns, &format!("svc-{i}"), 80);
+    }
+    let mut auth = s.cloud.state.auth.write().unwrap();
+    let services = |user: &str, namespaces: &[&str]| {
+        Rule::new(user, &["get", "list", "watch"], &["services"], namespaces)
+    };
+    auth.add_token(
+        PROXY_TOKEN,
+        "system:serviceaccount:kube-system:kube-proxy",
+        &[],
+    );
+    auth.allow(services(
+        "system:serviceaccount:kube-system:kube-proxy",
+        &["*"],
+    ));
+    auth.add_token(DNS_TOKEN, "system:serviceaccount:kube-system:coredns", &[]);
+    auth.allow(services(
+        "system:serviceaccount:kube-system:coredns",
+        &["*"],
+    ));
+    auth.add_token(NS1_TOKEN, "ns1-reader", &[]);
+    auth.allow(services("ns1-reader", &["ns1"]));
+    auth.add_token(NOBODY_TOKEN, "nobody", &[]);
+    drop(auth);
+    s
+}
+
+/// The three clients, towards `addr` (the hub, or the cloud directly).
+fn clients(s: &Setup, addr: std::net::SocketAddr) -> [Client; 3] {
+    let ca = s.ca.cert_der();
+    [
+        Client::new(addr, ca.clone(), None, Some(&s.pki.kubelet)),
+        Client::new(addr, ca.clone(), Some(PROXY_TOKEN), None),
+        Client::new(addr, ca, Some(DNS_TOKEN), None),
+    ]
+}
+
+/// What one client holds after it synced: namespace/name -> (rv, decoded object).
+type View = BTreeMap<String, (u64, Value)>;
+
+fn decoded(protobuf: bool, raw: &[u8]) -> Value {
+    if protobuf {
+        // The object's metadata and the bytes: equal bytes are equal objects.
+        json!({"protobuf": raw})
+    } else {
+        serde_json::from_slice(raw).expect("a JSON object")
+    }
+}
+
+/// Each client starts (a fresh informer: a consistent list) RESTARTS times and keeps
+/// watching a little; a service is created in between, which every view must show.
+fn run(s: &Setup, admin: &Client, clients: &[Client; 3], round: &str) -> Vec<View> {
+    let mut views = vec![View::new(); 3];
+    for restart in 0..RESTARTS {
+        if restart == 2 {
+            let svc = json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": format!("added-{round}"), "namespace": "ns1"},
+                "spec": {"ports": [{"port": 81}]}});
+            let r = admin.send_json("POST", "/api/v1/namespaces/ns1/services", &svc);
+            assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+        }
+        for (n, ((ua, protobuf, mode, selector), client)) in CLIENTS.iter().zip(clients).enumerate()
+        {
+            let mut informer =
+                Informer::new(client, ua, *protobuf, "/api/v1/services", selector, *mode);
+            informer.sync().unwrap_or_else(|e| {
+                panic!("{ua} ({round}) could not sync: {e}\n{:?}", informer.calls)
+            });
+            informer.pump(Duration::from_millis(200)).expect("watch");
+            views[n] = informer
+                .objects
+                .iter()
+                .map(|(k, rv)| (k.clone(), (*rv, decoded(*protobuf, &informer.bodies[k]))))
+                .collect();
+        }
+    }
+    let _ = s;
+    views
+}
+
+/// Bytes and list+watch requests the cloud served, summed over every user.
+fn cloud_cost(s: &Setup) -> (u64, u64) {
+    let report = s.cloud.state.traffic.report();
+    let bytes = report.values().map(|t| t.bytes).sum();
+    let reads = report
+        .values()
+        .map(|t| {
+            t.verbs.get("list").copied().unwrap_or(0) + t.verbs.get("watch").copied().unwrap_or(0)
+        })
+        .sum();
+    (bytes, reads)
+}
+
+#[test]
+fn three_clients_of_a_node_cost_the_cloud_one_list_and_see_what_they_see_directly() {
+    let s = cloud_with_services("");
+    let admin = Client::new(s.cloud.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
+
+    // Directly, as the node's clients do without a hub.
+    s.cloud.state.traffic.reset();
+    let direct_views = run(&s, &admin, &clients(&s, s.cloud.addr), "direct");
+    let (direct_bytes, direct_reads) = cloud_cost(&s);
+
+    let hub = s.start_hub();
+    s.cloud.state.traffic.reset();
+    let hub_views = run(&s, &admin, &clients(&s, s.hub_addr()), "hub");
+    let (hub_bytes, hub_reads) = cloud_cost(&s);
+
+    // The same sets, object for object (the hub round added one more service).
+    for (n, (direct, through)) in direct_views.iter().zip(&hub_views).enumerate() {
+        let ua = CLIENTS[n].0;
+        let mut direct = direct.clone();
+        let mut through = through.clone();
+        assert!(
+            through.remove("ns1/added-hub").is_some(),
+            "{ua} through the hub does not see the service created meanwhile"
+        );
+        assert!(
+            direct.remove("ns1/added-direct").is_some(),
+            "{ua} directly does not see the service created meanwhile"
+        );
+        through.remove("ns1/added-direct");
+        assert_eq!(direct.len(), through.len(), "{ua}: how many services");
+        for (key, (_, object)) in &direct {
+            let (_, theirs) = through
+                .get(key)
+                .unwrap_or_else(|| panic!("{ua}: {key} missing through the hub"));
+            assert_eq!(object, theirs, "{ua}: {key} differs through the hub");
+        }
+    }
+    let status = hub.status();
+    let w = &status["node_watch_cache"];
+    let served = w["lists_served"].as_u64().unwrap() + w["watches_served"].as_u64().unwrap();
+    eprintln!(
+        "cloud bytes: direct {direct_bytes}, through the hub {hub_bytes} ({:.3}x); list+watch requests: direct {direct_reads}, hub {hub_reads}; node-level watch cache: {w}",
+        hub_bytes as f64 / direct_bytes as f64
+    );
+    assert_eq!(w["sets"][0]["gvr"], "/v1/services", "{w}");
+    assert_eq!(
+        w["sets"][0]["lists"], 1,
+        "the node listed services once: {w}"
+    );
+    // Every restart of every client after the first ones was answered from the set.
+    assert!(served >= (3 * RESTARTS - 3) as u64, "{w}");
+    assert!(
+        hub_bytes * 10 <= direct_bytes * 3,
+        "the cloud sent {hub_bytes} bytes through the hub against {direct_bytes} directly"
+    );
+    // The one-item checks are lists too, but each is one object, not the set.
+    assert!(
+        hub_reads <= direct_reads * 3,
+        "{hub_reads} reads against {direct_reads}"
+    );
+
+    // What the set answered was kept for each credential: offline, each client still gets
+    // its own services from the node's cache.
+    s.cloud_down(&hub);
+    let [kubelet, _, dns] = clients(&s, s.hub_addr());
+    let mut offline = Informer::new(
+        &dns,
+        COREDNS,
+        false,
+        "/api/v1/services",
+        "",
+        Mode::ListThenWatch,
+    );
+    offline.sync().expect("CoreDNS lists offline");
+    assert_eq!(
+        offline.objects.len(),
+        SERVICES + 2,
+        "{:?}",
+        offline.objects.keys().take(3).collect::<Vec<_>>()
+    );
+    let mut offline = Informer::new(
+        &kubelet,
+        KUBELET,
+        true,
+        "/api/v1/services",
+        CLIENTS[0].3,
+        Mode::WatchList,
+    );
+    offline.sync().expect("the kubelet lists offline");
+    assert!(
+        offline.objects.len() >= SERVICES,
+        "{}",
+        offline.objects.len()
+    );
+}
+
+fn get(client: &Client, path: &str) -> Reply {
+    client
+        .request("GET", path, &[("Accept", "application/json")], &[])
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+fn names(reply: &Reply) -> Vec<String> {
+    let v: Value = serde_json::from_slice(&reply.body).expect("a JSON list");
+    v["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| {
+            format!(
+                "{}/{}",
+                i["metadata"]["namespace"].as_str().unwrap(),
+                i["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_credential_is_answered_from_the_set_only_as_far_as_the_cloud_allows_it() {
+    let s = cloud_with_services("  authorizationSeconds: 2\n");
+    let hub = s.start_hub();
+    let [kubelet, ..] = clients(&s, s.hub_addr());
+    let ca = s.ca.cert_der();
+    let nobody = Client::new(s.hub_addr(), ca.clone(), Some(NOBODY_TOKEN), None);
+    let ns1 = Client::new(s.hub_addr(), ca.clone(), Some(NS1_TOKEN), None);
+    // The set is filled (the node's own list goes first).
+    let r = get(&kubelet, "/api/v1/services?resourceVersion=0");
+    assert_eq!(r.status, 200);
+    wait_for(
+        "the node's set to be current",
+        Duration::from_secs(20),
+        || (hub.status()["node_watch_cache"]["sets"][0]["state"] == "current").then_some(()),
+    );
+
+    // Refused by the cloud: refused, in every form, and never a byte of the set.
+    for path in [
+        "/api/v1/services",
+        "/api/v1/services?resourceVersion=0",
+        "/api/v1/services?watch=1&resourceVersion=0",
+        "/api/v1/services?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
+    ] {
+        let r = get(&nobody, path);
+        let body = String::from_utf8_lossy(&r.body);
+        assert_eq!(r.status, 403, "{path}: {}", &body[..body.len().min(300)]);
+        let v: Value = serde_json::from_slice(&r.body).expect("a Status");
+        assert_eq!(v["kind"], "Status");
+        assert!(!String::from_utf8_lossy(&r.body).contains("svc-"), "{path}");
+    }
+    // Allowed one namespace: that namespace from the set, and no other.
+    let r = get(&ns1, "/api/v1/namespaces/ns1/services?resourceVersion=0");
+    assert_eq!(r.status, 200);
+    let listed = names(&r);
+    assert_eq!(listed.len(), SERVICES / 2);
+    assert!(listed.iter().all(|n| n.starts_with("ns1/")), "{listed:?}");
+    assert_eq!(get(&ns1, "/api/v1/services?resourceVersion=0").status, 403);
+    assert_eq!(
+        get(&ns1, "/api/v1/namespaces/ns2/services?resourceVersion=0").status,
+        403
+    );
+    let answered = hub.status()["node_watch_cache"]["lists_served"]
+        .as_u64()
+        .unwrap();
+    assert!(answered >= 1, "the namespace's list came from the set");
+
+    // The cloud withdraws the permission: once the memo's time is up, refused.
+    s.cloud.state.auth.write().unwrap().revoke("ns1-reader");
+    let refused = wait_for(
+        "the withdrawn permission to be seen",
+        Duration::from_secs(20),
+        || {
+            let r = get(&ns1, "/api/v1/namespaces/ns1/services?resourceVersion=0");
+            (r.status != 200).then_some(r)
+        },
+    );
+    assert_eq!(
+        refused.status,
+        403,
+        "{}",
+        String::from_utf8_lossy(&refused.body)
+    );
+    // A consistent read asks the cloud every time: refused at once.
+    assert_eq!(get(&ns1, "/api/v1/namespaces/ns1/services").status, 403);
+}
+
+#[test]
+fn a_watch_resumes_from_the_set_and_below_its_window_gets_410() {
+    let s = cloud_with_services("");
+    let hub = s.start_hub();
+    let [kubelet, ..] = clients(&s, s.hub_addr());
+    let admin = Client::new(s.cloud.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
+    let list = get(&kubelet, "/api/v1/namespaces/ns1/services");
+    assert_eq!(list.status, 200);
+    let rv: Value = serde_json::from_slice(&list.body).unwrap();
+    let rv = rv["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Changes after that resourceVersion, while the client is away.
+    let svc = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "later", "namespace": "ns1"}, "spec": {"ports": [{"port": 82}]}});
+    assert_eq!(
+        admin
+            .send_json("POST", "/api/v1/namespaces/ns1/services", &svc)
+            .status,
+        201
+    );
+    let r = admin
+        .request("DELETE", "/api/v1/namespaces/ns1/services/svc-0", &[], &[])
+        .unwrap();
+    assert_eq!(r.status, 200);
+    wait_for(
+        "the set to see both changes",
+        Duration::from_secs(20),
+        || {
+            let sets = &hub.status()["node_watch_cache"]["sets"];
+            (sets[0]["events"].as_u64() >= Some(2)).then_some(())
+        },
+    );
+    let before = hub.status()["node_watch_cache"]["watches_served"]
+        .as_u64()
+        .unwrap();
+    let mut w = kubelet.watch_from("/api/v1/namespaces/ns1/services", &rv);
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let e = w.next_event(Duration::from_secs(10)).expect("an event");
+        if e["type"] != "BOOKMARK" {
+            seen.push((
+                e["type"].as_str().unwrap().to_string(),
+                e["object"]["metadata"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            ));
+        }
+    }
+    assert_eq!(
+        seen,
+        vec![
+            ("ADDED".to_string(), "later".to_string()),
+            ("DELETED".to_string(), "svc-0".to_string())
+        ]
+    );
+    let after = hub.status()["node_watch_cache"]["watches_served"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(after, before + 1, "the resumed watch came from the set");
+
+    // Below what the set keeps: 410 Expired, as kube-apiserver's watch cache answers.
+    let mut old = kubelet.watch_from("/api/v1/namespaces/ns1/services", "1");
+    let e = old
+        .next_event(Duration::from_secs(10))
+        .expect("an ERROR event");
+    assert_eq!(e["type"], "ERROR", "{e}");
+    assert_eq!(e["object"]["code"], 410, "{e}");
+    assert_eq!(e["object"]["reason"], "Expired", "{e}");
+}
