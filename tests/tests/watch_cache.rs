@@ -348,6 +348,11 @@ fn a_watch_resumes_from_the_set_and_below_its_window_gets_410() {
     let admin = Client::new(s.cloud.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
     let list = get(&kubelet, "/api/v1/namespaces/ns1/services");
     assert_eq!(list.status, 200);
+    wait_for(
+        "the node's set to be current",
+        Duration::from_secs(20),
+        || (hub.status()["node_watch_cache"]["sets"][0]["state"] == "current").then_some(()),
+    );
     let rv: Value = serde_json::from_slice(&list.body).unwrap();
     let rv = rv["metadata"]["resourceVersion"]
         .as_str()

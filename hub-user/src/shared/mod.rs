@@ -40,7 +40,10 @@ use self::{
 };
 use crate::{
     body::ProxyBody,
-    cache::serve::{answer_from, param, selector},
+    cache::{
+        objects::{self, Encoding},
+        serve::{answer_from, param, selector},
+    },
     coordinator::leader::api_path,
     proxy::{
         Asked, Refusal,
@@ -55,6 +58,10 @@ use crate::{
 const FRESH_WAIT: Duration = Duration::from_secs(5);
 /// The largest answer to a one-item list read for its resourceVersion.
 const MAX_CHECK_ANSWER: usize = 1024 * 1024;
+/// How long a check's streamed list may take to reach its end bookmark.
+const CHECK_LIMIT: Duration = Duration::from_secs(5);
+/// A field selector term no object matches: names never hold a `/`.
+const NO_OBJECT: &str = "metadata.name=hub/no-object";
 
 /// What the node-level watch cache has done, for `hub status` and the metrics.
 #[derive(Debug, Default)]
@@ -218,44 +225,7 @@ impl Shared {
             (Fresh::NotOlderThan(n), false) => Start::After(*n),
             _ => Start::Initial,
         };
-        // The client's own list of one item: its authorization to list, and the cloud's
-        // resourceVersion now.
-        let list_scope = self.scope(asked, "list");
-        let mut reach = match fresh {
-            Fresh::NotOlderThan(n) => n,
-            _ => 0,
-        };
-        if matches!(fresh, Fresh::Current) || (!watch && !self.memo.allows(&list_scope)) {
-            match self.check_list(asked).await {
-                Ok(rv) => {
-                    self.memo.allowed(list_scope);
-                    reach = reach.max(rv);
-                }
-                Err(Refusal::Final(refused)) if !watch => {
-                    self.memo.refused(&list_scope);
-                    return Err(Refusal::Final(refused));
-                }
-                Err(Refusal::Final(_)) => {
-                    return Err("the cloud refuses this credential a list"
-                        .to_string()
-                        .into());
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        if watch {
-            let watch_scope = self.scope(asked, "watch");
-            if !self.memo.allows(&watch_scope) {
-                match self.check_watch(asked, set.rv()).await {
-                    Ok(()) => self.memo.allowed(watch_scope),
-                    Err(Refusal::Final(refused)) => {
-                        self.memo.refused(&watch_scope);
-                        return Err(Refusal::Final(refused));
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-        }
+        let reach = self.authorized(asked, &set, watch, &fresh).await?;
         if reach > set.rv() && !set.reaches(reach, FRESH_WAIT).await {
             return Err(format!(
                 "the node-level set stands at {} and did not reach resourceVersion {reach} within {} s",
@@ -277,6 +247,50 @@ impl Shared {
             )?);
         }
         Ok(self.list(&set, asked)?)
+    }
+
+    /// Whether the cloud lets this credential read this scope (the memo, or the client's own
+    /// request sent as a check), and the resourceVersion the answer must reflect.
+    async fn authorized(
+        &self,
+        asked: &Asked<'_>,
+        set: &Set,
+        watch: bool,
+        fresh: &Fresh,
+    ) -> Result<u64, Refusal> {
+        let floor = match fresh {
+            Fresh::NotOlderThan(n) => *n,
+            _ => 0,
+        };
+        let scope = self.scope(asked, if watch { "watch" } else { "list" });
+        let checked = match (watch, fresh) {
+            // The client's own streamed list, narrowed to no object: its authorization to
+            // watch, and the cloud's resourceVersion now.
+            (true, Fresh::Current) => Some(self.check_watch_list(asked).await),
+            (true, _) if !self.memo.allows(&scope) => {
+                Some(self.check_watch(asked, set.rv()).await.map(|()| 0))
+            }
+            // The client's own list of one item: its authorization to list, and the
+            // cloud's resourceVersion now.
+            (false, Fresh::Current) => Some(self.check_list(asked).await),
+            (false, _) if !self.memo.allows(&scope) => {
+                Some(self.check_list(asked).await.map(|_| 0))
+            }
+            _ => None,
+        };
+        match checked {
+            None => Ok(floor),
+            Some(Ok(rv)) => {
+                self.memo.allowed(scope);
+                Ok(floor.max(rv))
+            }
+            Some(Err(refusal)) => {
+                if matches!(refusal, Refusal::Final(_)) {
+                    self.memo.refused(&scope);
+                }
+                Err(refusal)
+            }
+        }
     }
 
     /// A LIST from the set, whole (a list the client pages is the cloud's).
@@ -359,6 +373,60 @@ impl Shared {
             .as_str()
             .and_then(|rv| rv.parse().ok())
             .ok_or_else(|| Refusal::Unable("the check's answer has no resourceVersion".into()))
+    }
+
+    /// The client's own streamed list narrowed to no object (its field selector and a
+    /// name no object can have): whether the cloud lets it watch this scope, and the
+    /// resourceVersion of the initial-events-end bookmark, which kube-apiserver sends at
+    /// its current one.
+    async fn check_watch_list(&self, asked: &Asked<'_>) -> Result<u64, Refusal> {
+        let mut fields = param(asked.query, "fieldSelector");
+        if !fields.is_empty() {
+            fields.push(',');
+        }
+        fields.push_str(NO_OBJECT);
+        let mut query = format!(
+            "watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=10&fieldSelector={}",
+            percent_encode(&fields)
+        );
+        let labels = param(asked.query, "labelSelector");
+        if !labels.is_empty() {
+            query.push_str(&format!("&labelSelector={}", percent_encode(&labels)));
+        }
+        let resp = self
+            .ask_cloud(asked, &query, Some("application/json"))
+            .await?;
+        let end = async {
+            let mut body = resp.into_body();
+            let mut buf = Vec::new();
+            while let Some(frame) = body.frame().await {
+                let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() else {
+                    continue;
+                };
+                buf.extend_from_slice(&data);
+                if buf.len() > MAX_CHECK_ANSWER {
+                    return Err("an answer over the size limit".to_string());
+                }
+                while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=nl).collect();
+                    match objects::bookmark(Encoding::Json, &line) {
+                        Some(b) if b.initial_events_end => return Ok(b.rv),
+                        Some(_) => {}
+                        None => return Err("an object in a streamed list of none".to_string()),
+                    }
+                }
+            }
+            Err("the streamed list ended before its end bookmark".to_string())
+        };
+        match tokio::time::timeout(CHECK_LIMIT, end).await {
+            Ok(Ok(rv)) => Ok(rv),
+            Ok(Err(why)) => Err(format!("the check: {why}").into()),
+            Err(_) => Err(format!(
+                "the check's streamed list did not end within {} s",
+                CHECK_LIMIT.as_secs()
+            )
+            .into()),
+        }
     }
 
     /// The client's own watch, closed as soon as the cloud's answer begins: whether the
