@@ -40,13 +40,14 @@ pub struct Setup {
 
 impl Setup {
     pub fn new(components: &[&str]) -> Setup {
+        Self::with_options(components, Options::default())
+    }
+
+    /// [`Setup::new`] with a cloud started with `options`.
+    pub fn with_options(components: &[&str], options: Options) -> Setup {
         let ca = Arc::new(TestCa::new("cloud-ca"));
-        let cloud = StandIn::start_with_ca(
-            "127.0.0.1:0".parse().unwrap(),
-            Options::default(),
-            ca.clone(),
-        )
-        .unwrap();
+        let cloud =
+            StandIn::start_with_ca("127.0.0.1:0".parse().unwrap(), options, ca.clone()).unwrap();
         {
             let mut auth = cloud.state.auth.write().unwrap();
             auth.add_test_identities();

@@ -28,8 +28,10 @@ const WATCH_SECONDS: u64 = 300;
 const RETRY: Duration = Duration::from_secs(1);
 /// How long to wait before asking again after the cloud refused the node this list.
 const REFUSED_RETRY: Duration = Duration::from_secs(300);
+/// How long a progress probe's watch asks to stay open (its bookmark comes as it ends).
+const PROBE_SECONDS: u64 = 3;
 /// The longest a progress probe may take.
-const PROBE_LIMIT: Duration = Duration::from_secs(5);
+const PROBE_LIMIT: Duration = Duration::from_secs(PROBE_SECONDS + 3);
 /// How often a sync waiting for the cloud looks again.
 const CLOUD_CHECK: Duration = Duration::from_millis(200);
 
@@ -213,15 +215,15 @@ pub async fn probe_when_wanted(
     }
 }
 
-/// A short watch from where the set stands. kube-apiserver's watch cache sends a watch a
-/// bookmark 2 s before its deadline, at the cache's resourceVersion, after every event
-/// before it on that stream; and a consistent read (the reader's one-item list) has
-/// already brought that cache up to the cloud's resourceVersion. So a watch with
-/// timeoutSeconds=2 shows within about a second that the set has passed it, or brings
-/// the events it lacked first.
+/// A short watch from where the set stands. kube-apiserver's watch cache sends such a watch
+/// a bookmark as its timeout ends, at the cache's resourceVersion, after every earlier event
+/// of that stream (seen on 1.36: a watch of 3 s or more gets one then; of 1 or 2 s, none);
+/// and the reader's consistent check has already brought that cache up to the cloud's
+/// resourceVersion. So the probe shows within about 3 s that the set has passed it, or
+/// brings the events it lacked first.
 async fn probe(set: &Set, cloud: &Cloud, path: &str) -> Result<(), Stop> {
     let q = format!(
-        "{path}?watch=1&resourceVersion={}&allowWatchBookmarks=true&timeoutSeconds=2",
+        "{path}?watch=1&resourceVersion={}&allowWatchBookmarks=true&timeoutSeconds={PROBE_SECONDS}",
         set.rv()
     );
     let resp = get_as_node_in(cloud, &q, USER_AGENT, PROTOBUF).await?;

@@ -56,6 +56,10 @@ pub struct Options {
     pub history_limit: usize,
     /// How often watches that allow bookmarks get one.
     pub bookmark_interval: Duration,
+    /// Also a bookmark as a watch of 3 s or more ends, at the store's resourceVersion, as
+    /// kube-apiserver 1.36's watch cache sends one (recorded in
+    /// tests/fixtures/watch-cache-1.36; it sends the periodic one only every minute).
+    pub bookmark_at_deadline: bool,
     /// The longest a watch stays open (timeoutSeconds is capped to it).
     pub max_watch: Duration,
     /// Extra SANs for the serving certificate (the listen IP is always included).
@@ -88,6 +92,7 @@ impl Default for Options {
         Options {
             history_limit: 100_000,
             bookmark_interval: Duration::from_secs(1),
+            bookmark_at_deadline: false,
             max_watch: Duration::from_secs(1800),
             sans: vec![],
             auto_approve_csrs: false,

@@ -162,6 +162,7 @@ pub async fn watch(
 
     let (tx, rx) = mpsc::channel::<Bytes>(256);
     let bookmark_every = state.options.bookmark_interval;
+    let at_deadline = state.options.bookmark_at_deadline && timeout >= Duration::from_secs(3);
     let store_state = state.clone();
     let labels2 = labels.clone();
     let fields2 = fields.clone();
@@ -219,7 +220,14 @@ pub async fn watch(
                         }
                     }
                 }
-                _ = tokio::time::sleep_until(deadline) => return,
+                _ = tokio::time::sleep_until(deadline) => {
+                    if bookmarks && at_deadline {
+                        let rv = store_state.store.current_rv().to_string();
+                        let mark = json!({"kind": r.kind, "apiVersion": r.api_version(), "metadata": {"resourceVersion": rv}});
+                        let _ = tx.send(encode("BOOKMARK", &mark)).await;
+                    }
+                    return;
+                }
                 _ = tx.closed() => return,
             }
         }
