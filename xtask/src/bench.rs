@@ -20,9 +20,10 @@ pub fn run(what: &str, rounds: usize, minutes: u64, output: Output) -> Result<()
         "pool-scale" => crate::bench_pool::scale(output),
         "coordinator" => crate::bench_coordinator::coordinator(rounds, output),
         "offline" => crate::bench_offline::offline(output),
+        "watch-cache" => crate::bench_watch_cache::watch_cache(output),
         other => {
             bail!(
-                "unknown benchmark `{other}` (available: intercept, proxy, cache, coordinator, pool, pool-scale, edge, offline)"
+                "unknown benchmark `{other}` (available: intercept, proxy, cache, coordinator, pool, pool-scale, edge, offline, watch-cache)"
             )
         }
     }
@@ -131,7 +132,7 @@ fn start_intercepting_hub(ns: &Netns, cg: &Cgroup, bin: Option<&std::ffi::OsStr>
 /// are also written to its cache (caching on, as in production).
 pub const COMPONENT: &str = "bench-client";
 /// The node of the stack's own hub.
-const BENCH_NODE: &str = "bench-node";
+pub const BENCH_NODE: &str = "bench-node";
 
 pub type Http = hyper_util::client::legacy::Client<
     hub::upstream::connect::MarkedConnector,
@@ -173,7 +174,7 @@ impl Stack {
             .arg(dir.path());
         let standin =
             Proc::spawn_until_line(cmd, "hub-apiserver", "ready", Duration::from_secs(60));
-        let (yaml, admin, via) = hub_config(dir.path(), BENCH_NODE, cloud_port, "cache", "");
+        let (yaml, admin, via) = hub_config(dir.path(), BENCH_NODE, cloud_port, "cache", "", "");
         let hub = HubProc::start_yaml(None, &admin, None, |_, _| yaml.clone());
         let client = http_client(dir.path(), None)?;
         Ok(Stack {
@@ -193,7 +194,17 @@ impl Stack {
     /// `--hub-pki NODE`), with its own cache directory `name` and `extra` top-level YAML
     /// (a pool, say); returns it and its `https://` address.
     pub fn start_hub(&self, name: &str, node: &str, extra: &str) -> (HubProc, String) {
-        let (yaml, admin, via) = hub_config(self._dir.path(), node, self.cloud_port, name, extra);
+        let dir = self._dir.path();
+        let (yaml, admin, via) = hub_config(dir, node, self.cloud_port, name, "", extra);
+        (HubProc::start_yaml(None, &admin, None, |_, _| yaml), via)
+    }
+
+    /// Another hub of the stack's node with its own cache directory `name` and more
+    /// `cache:` lines (two-space indented).
+    pub fn start_hub_with_cache(&self, name: &str, cache_extra: &str) -> (HubProc, String) {
+        let dir = self._dir.path();
+        let (yaml, admin, via) =
+            hub_config(dir, BENCH_NODE, self.cloud_port, name, cache_extra, "");
         (HubProc::start_yaml(None, &admin, None, |_, _| yaml), via)
     }
 
@@ -217,6 +228,7 @@ fn hub_config(
     node: &str,
     cloud_port: u16,
     cache: &str,
+    cache_extra: &str,
     extra: &str,
 ) -> (String, String, String) {
     use hub_tests::ports::free_port;
@@ -225,7 +237,7 @@ fn hub_config(
     let (tls_port, admin_port, plain_port) = (free_port(), free_port(), free_port());
     let admin = format!("127.0.0.1:{admin_port}");
     let yaml = format!(
-        "nodeName: {node}\ncloud:\n  servers: [\"https://127.0.0.1:{cloud_port}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\n  clientCaFile: {}\ncache:\n  dir: {}\n  components: [{COMPONENT}]\n{extra}",
+        "nodeName: {node}\ncloud:\n  servers: [\"https://127.0.0.1:{cloud_port}\"]\n  caFile: {}\n  certFile: {}\n  keyFile: {}\nintercept:\n  enabled: false\nlisten:\n  proxy: 127.0.0.1:{plain_port}\n  tlsProxy: 127.0.0.1:{tls_port}\n  admin: {admin}\ntls:\n  certFile: {}\n  keyFile: {}\n  clientCaFile: {}\ncache:\n  dir: {}\n  components: [{COMPONENT}]\n{cache_extra}{extra}",
         p("ca.crt").display(),
         p("hub-node.crt").display(),
         p("hub-node.key").display(),

@@ -7,6 +7,7 @@ mod bench_edge;
 mod bench_offline;
 mod bench_pool;
 mod bench_proxy;
+mod bench_watch_cache;
 mod demo;
 mod image;
 mod soak;

@@ -213,7 +213,14 @@ impl Shared {
         };
         match set.state() {
             State::Current => {}
-            State::Filling => return Err("the node-level set is being listed".to_string().into()),
+            State::Filling if set.current_within(FRESH_WAIT).await => {}
+            State::Filling => {
+                return Err(format!(
+                    "the node-level set was not listed within {} s",
+                    FRESH_WAIT.as_secs()
+                )
+                .into());
+            }
             State::Broken(why) => return Err(format!("the node-level set: {why}").into()),
         }
         let watch = info.verb == "watch";

@@ -234,6 +234,24 @@ impl Set {
         Ok((changes, inner.rv, rx))
     }
 
+    /// Waits until the set is listed and its watch open (true), or `limit` is up (false):
+    /// a client that comes while the set is first listed is answered from it rather than
+    /// sent to the cloud for the same list.
+    pub async fn current_within(&self, limit: Duration) -> bool {
+        let mut progress = self.progress.subscribe();
+        let current = async {
+            loop {
+                if self.state() == State::Current {
+                    return;
+                }
+                if progress.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::time::timeout(limit, current).await.is_ok()
+    }
+
     /// Waits until the set has passed `rv` (true), or `limit` is up (false).
     pub async fn reaches(&self, rv: u64, limit: Duration) -> bool {
         let mut progress = self.progress.subscribe();

@@ -98,20 +98,9 @@ pub fn serve(
     let (first, newest, rx, enc) = match start {
         Start::Initial => {
             let (snap, rx) = set.snapshot();
-            let selected: Vec<&Item> = snap
-                .items
-                .iter()
-                .map(|i| &**i)
-                .filter(|i| scope.takes(i))
-                .collect();
-            let enc = held_whole(&prefs, |e| selected.iter().filter(|i| !i.can_be(e)).count())?;
-            let mut first = Vec::with_capacity(selected.len() + 1);
-            for item in selected {
-                let item = item
-                    .in_encoding(enc)
-                    .ok_or("an object cannot be converted")?;
-                first.push(event(enc, "ADDED", &item));
-            }
+            let added: Vec<Arc<Item>> = snap.items.into_iter().filter(|i| scope.takes(i)).collect();
+            let enc = held_whole(&prefs, |e| added.iter().filter(|i| !i.can_be(e)).count())?;
+            let mut then = Vec::new();
             // As kube-apiserver: the end is marked only for a client that takes bookmarks.
             if param(query, "sendInitialEvents") == "true" && bookmarks {
                 let end = meta_only(
@@ -122,9 +111,9 @@ pub fn serve(
                     snap.rv,
                     &[(INITIAL_EVENTS_END, "true")],
                 );
-                first.push(event(enc, "BOOKMARK", &end));
+                then.push(event(enc, "BOOKMARK", &end));
             }
-            (first, snap.rv, rx, enc)
+            (First { added, then }, snap.rv, rx, enc)
         }
         Start::After(from) => match set.since(from) {
             Err(old) => {
@@ -138,14 +127,15 @@ pub fn serve(
                 let enc = held_whole(&prefs, |e| {
                     events.iter().filter(|(_, i)| !i.can_be(e)).count()
                 })?;
-                let mut first = Vec::with_capacity(events.len());
+                let mut then = Vec::with_capacity(events.len());
                 for (ty, item) in events {
                     let item = item
                         .in_encoding(enc)
                         .ok_or("an object cannot be converted")?;
-                    first.push(event(enc, ty, &item));
+                    then.push(event(enc, ty, &item));
                 }
-                (first, rv, rx, enc)
+                let added = Vec::new();
+                (First { added, then }, rv, rx, enc)
             }
         },
     };
@@ -185,6 +175,14 @@ fn expired(enc: Encoding, message: &str) -> Response<ProxyBody> {
     watch_response("", enc, rx)
 }
 
+/// What a watch sends before the set's changes: the objects of a starting watch as ADDED
+/// events, made one by one as the client takes them (a large set is never held twice,
+/// converted, for a client), then ready-made events.
+struct First {
+    added: Vec<Arc<Item>>,
+    then: Vec<Bytes>,
+}
+
 /// One client's watch: what it asked for and how far it has been told.
 struct Feed {
     enc: Encoding,
@@ -201,13 +199,23 @@ struct Feed {
 impl Feed {
     async fn run(
         mut self,
-        first: Vec<Bytes>,
+        first: First,
         mut rx: broadcast::Receiver<Msg>,
         tx: mpsc::Sender<Bytes>,
     ) {
         let started = Instant::now();
         let mut last_bookmark = Instant::now();
-        for b in first {
+        for item in first.added {
+            // Checked convertible before the answer began; one that still fails ends the
+            // watch rather than leave the client a set without it.
+            let Some(item) = item.in_encoding(self.enc) else {
+                return;
+            };
+            if tx.send(event(self.enc, "ADDED", &item)).await.is_err() {
+                return;
+            }
+        }
+        for b in first.then {
             if tx.send(b).await.is_err() {
                 return;
             }

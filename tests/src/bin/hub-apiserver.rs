@@ -2,7 +2,7 @@
 //!
 //!   hub-apiserver --listen 127.0.0.1:6443 --dir DIR [--nodes N] [--pods-per-node M]
 //!                 [--services K] [--configmaps C] [--secrets S] [--history EVENTS] [--bookmark-ms MS]
-//!                 [--san NAME]... [--hub-pki NODE]... [--approve-csrs]
+//!                 [--san NAME]... [--hub-pki NODE]... [--approve-csrs] [--bookmark-at-deadline]
 //!
 //! Writes DIR/ca.crt and DIR/admin.kubeconfig (admin token), seeds the store, prints
 //! "ready" and serves until SIGTERM or SIGINT. With --hub-pki NODE it also writes what a
@@ -13,6 +13,8 @@
 //! configmaps, services, endpoints and endpointslices in default, write configmaps
 //! and exec into pods there) and node identities what the Node authorizer gives them.
 //! With --approve-csrs it approves and signs CertificateSigningRequests as they arrive.
+//! With --bookmark-at-deadline a watch of 3 s or more gets a bookmark as it ends, as from
+//! kube-apiserver 1.36's watch cache (with --bookmark-ms 60000, its bookmarks' timing).
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use hub_tests::apiserver::{Options, StandIn, seed};
@@ -36,7 +38,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "usage: hub-apiserver --listen ADDR --dir DIR [--nodes N] [--pods-per-node M] [--services K] [--configmaps C] [--secrets S] [--history EVENTS] [--bookmark-ms MS] [--san NAME]... [--hub-pki NODE]... [--approve-csrs]"
+            "usage: hub-apiserver --listen ADDR --dir DIR [--nodes N] [--pods-per-node M] [--services K] [--configmaps C] [--secrets S] [--history EVENTS] [--bookmark-ms MS] [--san NAME]... [--hub-pki NODE]... [--approve-csrs] [--bookmark-at-deadline]"
         );
         return;
     }
@@ -60,6 +62,7 @@ fn main() {
             .map(|w| w[1].clone())
             .collect(),
         auto_approve_csrs: args.iter().any(|a| a == "--approve-csrs"),
+        bookmark_at_deadline: args.iter().any(|a| a == "--bookmark-at-deadline"),
         ..Options::default()
     };
     // Block the stop signals before any thread starts, so only sigwait below sees them.
