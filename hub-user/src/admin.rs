@@ -464,7 +464,7 @@ pub fn render(s: &StatusReport) -> String {
         for set in &w.sets {
             let _ = writeln!(
                 out,
-                "  {}: {}, {} objects at resourceVersion {}, {} lists, {} events",
+                "  {}: {}, {} objects at resourceVersion {}, listed {} times, {} events applied",
                 set.gvr, set.state, set.objects, set.resource_version, set.lists, set.events
             );
         }

@@ -6,10 +6,11 @@
 //!
 //! Authorization stays the cloud's (`authz`): a client is answered from the set only while
 //! the cloud has lately answered that client's own credential for the same verb and scope;
-//! otherwise its request first goes to the cloud as a one-item list, or as a watch that
-//! is closed once the cloud's answer has begun. Those checks also keep reads consistent: a
-//! LIST or streamed list without a resourceVersion is answered only once the set has
-//! passed the resourceVersion the cloud's one-item list stands at.
+//! otherwise its request first goes to the cloud as a check: a one-item list, its streamed
+//! list narrowed to no object, or its watch closed once the cloud's answer has begun. The
+//! first two also keep reads consistent: a LIST or streamed list without a
+//! resourceVersion is checked every time, and answered only once the set has passed the
+//! resourceVersion the check stood at (`sync::probe` shows the cloud's progress).
 //!
 //! What the set cannot answer truthfully goes to the cloud as before: a continued list, an
 //! exact resourceVersion, a list larger than its `limit`, a set not current (the cloud's
