@@ -487,3 +487,50 @@ fn the_stand_in_answers_a_streamed_list_of_no_object_as_kube_apiserver_did() {
         .unwrap();
     assert_eq!(rv, s.cloud.state.store.current_rv().to_string());
 }
+
+/// A request that impersonates is authorized by the cloud as the user it acts as: what it
+/// is answered never counts for its token alone.
+#[test]
+fn a_request_that_impersonates_is_never_an_authorization_for_its_token_alone() {
+    const IMPERSONATOR: &str = "impersonator-token";
+    let s = cloud_with_services("");
+    {
+        let mut auth = s.cloud.state.auth.write().unwrap();
+        auth.add_token(IMPERSONATOR, "impersonator", &[]);
+        auth.allow(Rule::new(
+            "impersonator",
+            &["impersonate"],
+            &["users"],
+            &["*"],
+        ));
+    }
+    let hub = s.start_hub();
+    let [kubelet, ..] = clients(&s, s.hub_addr());
+    assert_eq!(
+        get(&kubelet, "/api/v1/services?resourceVersion=0").status,
+        200
+    );
+    wait_for(
+        "the node's set to be current",
+        Duration::from_secs(20),
+        || (hub.status()["node_watch_cache"]["sets"][0]["state"] == "current").then_some(()),
+    );
+    let client = Client::new(s.hub_addr(), s.ca.cert_der(), Some(IMPERSONATOR), None);
+    let path = "/api/v1/services?resourceVersion=0";
+    let as_coredns = [
+        ("Accept", "application/json"),
+        (
+            "Impersonate-User",
+            "system:serviceaccount:kube-system:coredns",
+        ),
+    ];
+    let r = client.request("GET", path, &as_coredns, &[]).unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(names(&r).len(), SERVICES);
+    // The token alone may not list services: the cloud says so, not the memo of the
+    // impersonating request.
+    let alone = get(&client, path);
+    let body = String::from_utf8_lossy(&alone.body);
+    assert_eq!(alone.status, 403, "{}", &body[..body.len().min(300)]);
+    assert!(!body.contains("svc-"));
+}

@@ -367,11 +367,19 @@ impl Proxy {
             return resp;
         }
         // Kept for the cache: the request itself goes to the cloud. The credential (a
-        // SHA-256 of the token) is worked out only if the cache needs it.
+        // SHA-256 of the token) is worked out only if the cache needs it. A request that
+        // impersonates is authorized by the cloud as another user: its credential names
+        // whom it acts as too, so what it is served is never served to the token alone.
         let authorization = req.headers().get(header::AUTHORIZATION).cloned();
+        let impersonating = request::impersonation(req.headers());
         let credential = std::sync::LazyLock::new(|| {
             if who == AsWho::Node {
                 return cache::credential(None, true);
+            }
+            if let Some(acting_as) = &impersonating {
+                let token = authorization.as_ref().map_or(&[][..], |v| v.as_bytes());
+                let keyed = [token, b"\0", acting_as.as_bytes()].concat();
+                return cache::credential(Some(&keyed), false);
             }
             conn.credential.get(&authorization, || {
                 cache::credential(authorization.as_ref().map(|v| v.as_bytes()), false)

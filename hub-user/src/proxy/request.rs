@@ -24,6 +24,22 @@ pub(super) fn flag(query: &str, name: &str) -> bool {
     })
 }
 
+/// The identity a request asks to act as (kube-apiserver's `Impersonate-User`,
+/// `Impersonate-Group`, `Impersonate-Uid`, `Impersonate-Extra-*` headers), as one string of
+/// its headers in a stable order; None when it impersonates no one.
+pub fn impersonation(headers: &hyper::HeaderMap) -> Option<String> {
+    let mut acting_as: Vec<String> = headers
+        .iter()
+        .filter(|(name, _)| name.as_str().starts_with("impersonate-"))
+        .map(|(name, value)| format!("{name}: {}", String::from_utf8_lossy(value.as_bytes())))
+        .collect();
+    if acting_as.is_empty() {
+        return None;
+    }
+    acting_as.sort();
+    Some(acting_as.join("\n"))
+}
+
 /// `s` percent-encoded for a query parameter's value (every byte but the unreserved).
 pub fn percent_encode(s: &str) -> String {
     s.bytes()
@@ -185,6 +201,21 @@ pub fn component(user_agent: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn impersonation_is_read_from_every_impersonate_header_in_one_order() {
+        let mut h = hyper::HeaderMap::new();
+        assert_eq!(impersonation(&h), None);
+        h.insert("authorization", "Bearer t".parse().unwrap());
+        assert_eq!(impersonation(&h), None);
+        h.append("impersonate-group", "b".parse().unwrap());
+        h.append("Impersonate-User", "alice".parse().unwrap());
+        h.append("impersonate-group", "a".parse().unwrap());
+        assert_eq!(
+            impersonation(&h).as_deref(),
+            Some("impersonate-group: a\nimpersonate-group: b\nimpersonate-user: alice")
+        );
+    }
 
     #[test]
     fn percent_encoding_round_trips() {

@@ -380,6 +380,46 @@ fn public_path(path: &str) -> bool {
     matches!(path, "/healthz" | "/livez" | "/readyz" | "/version")
 }
 
+/// The user a request acts as: kube-apiserver's impersonation (`Impersonate-User`, with
+/// `Impersonate-Group`s), allowed to whom RBAC gives the `impersonate` verb on `users`
+/// (and `groups`); otherwise the authenticated user.
+fn impersonated(
+    state: &State,
+    user: User,
+    headers: &hyper::HeaderMap,
+) -> Result<User, Response<Body>> {
+    let Some(name) = headers
+        .get("impersonate-user")
+        .and_then(|v| v.to_str().ok())
+    else {
+        return Ok(user);
+    };
+    let groups: Vec<String> = headers
+        .get_all("impersonate-group")
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_string))
+        .collect();
+    let auth = state.auth.read().unwrap();
+    let may = auth.authorize(&user, "impersonate", "users", "")
+        && (groups.is_empty() || auth.authorize(&user, "impersonate", "groups", ""));
+    if !may {
+        let message = format!(
+            "users \"{name}\" is forbidden: User \"{}\" cannot impersonate resource \"users\" in API group \"\" at the cluster scope",
+            user.name
+        );
+        return Err(status_error(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            &message,
+            None,
+        ));
+    }
+    Ok(User {
+        name: name.to_string(),
+        groups,
+    })
+}
+
 async fn route(
     state: Arc<State>,
     cert_user: Option<User>,
@@ -425,6 +465,10 @@ async fn route(
             "Unauthorized",
             None,
         );
+    };
+    let user = match impersonated(&state, user, req.headers()) {
+        Ok(u) => u,
+        Err(refused) => return refused,
     };
     {
         let mut audit = state.audit.lock().unwrap();
