@@ -15,7 +15,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::{cache::Cache, coordinator::pool::Pool};
+use crate::{cache::Cache, coordinator::pool::Pool, shared::Shared};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -143,6 +143,59 @@ impl Collector for ConvertCollector {
     }
 }
 
+/// The node-level watch cache's counts, read at each scrape (`hub_watch_cache_*`).
+#[derive(Default, Clone)]
+pub struct SharedCollector(pub Arc<OnceLock<Arc<Shared>>>);
+
+impl std::fmt::Debug for SharedCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedCollector")
+    }
+}
+
+impl Collector for SharedCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(shared) = self.0.get() else {
+            return Ok(());
+        };
+        let s = shared.status();
+        for (name, help, v) in [
+            (
+                "lists_served",
+                "LISTs answered from the node's shared sets",
+                s.lists_served,
+            ),
+            (
+                "watches_served",
+                "Watches answered from the node's shared sets",
+                s.watches_served,
+            ),
+            (
+                "checks",
+                "Clients' own requests sent to the cloud to learn their authorization or its resourceVersion",
+                s.checks,
+            ),
+            (
+                "passed_to_cloud",
+                "Reads of shared resources the sets could not answer, sent to the cloud",
+                s.passed_to_cloud,
+            ),
+        ] {
+            let c = ConstCounter::new(v);
+            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        let current = s.sets.iter().filter(|set| set.state == "current").count();
+        let g = ConstGauge::new(current as i64);
+        g.encode(encoder.encode_descriptor(
+            "sets_current",
+            "Shared sets listed and watched from the cloud now",
+            None,
+            g.metric_type(),
+        )?)?;
+        Ok(())
+    }
+}
+
 /// The pool coordinator's state, read from it at each scrape (`hub_coordinator_*`).
 #[derive(Default, Clone)]
 pub struct PoolCollector(pub Arc<OnceLock<Arc<Pool>>>);
@@ -252,6 +305,8 @@ pub struct Metrics {
     registry: Registry,
     /// Filled once the pool is set up.
     pub pool: PoolCollector,
+    /// Filled when the node-level watch cache is on.
+    pub shared: SharedCollector,
     /// Filled once the cache is open; its counters are read at each scrape.
     pub cache: CacheCollector,
     pub requests: Family<RequestLabels, Counter>,
@@ -319,6 +374,10 @@ impl Metrics {
         registry
             .sub_registry_with_prefix("convert")
             .register_collector(Box::new(ConvertCollector));
+        let shared = SharedCollector::default();
+        registry
+            .sub_registry_with_prefix("watch_cache")
+            .register_collector(Box::new(shared.clone()));
         registry.sub_registry_with_prefix("intercept").register(
             "connections",
             "Connections accepted on intercepted VIP listeners",
@@ -327,6 +386,7 @@ impl Metrics {
         Metrics {
             registry,
             pool,
+            shared,
             cache,
             requests,
             latency,

@@ -244,6 +244,7 @@ impl HubState {
     }
 
     pub fn set_shared(&self, shared: Arc<crate::shared::Shared>) {
+        let _ = self.metrics.shared.0.set(shared.clone());
         let _ = self.shared.set(shared);
     }
 

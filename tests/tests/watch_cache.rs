@@ -217,6 +217,19 @@ fn three_clients_of_a_node_cost_the_cloud_one_list_and_see_what_they_see_directl
         "cloud bytes: direct {direct_bytes}, through the hub {hub_bytes} ({:.3}x); list+watch requests: direct {direct_reads}, hub {hub_reads}; node-level watch cache: {w}",
         hub_bytes as f64 / direct_bytes as f64
     );
+    // The same counts are in the metrics.
+    let metrics = hub.admin_get("/metrics");
+    let metric = |name: &str| -> Option<u64> {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    };
+    assert_eq!(
+        metric("hub_watch_cache_watches_served_total"),
+        w["watches_served"].as_u64(),
+        "{metrics}"
+    );
+    assert_eq!(metric("hub_watch_cache_sets_current"), Some(1));
     assert_eq!(w["sets"][0]["gvr"], "/v1/services", "{w}");
     assert_eq!(
         w["sets"][0]["lists"], 1,
