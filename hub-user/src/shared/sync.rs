@@ -1,7 +1,7 @@
-//! Keeps one shared set equal to the cloud's: one list (in pages) as the node, then one
-//! watch from its resourceVersion with bookmarks, resumed where it ended; listed again
-//! only when the cloud can no longer resume it (410 Gone). All in protobuf, the encoding
-//! the node's clients read.
+//! Keeps one shared set equal to the cloud's: one streamed list as the node (a list in
+//! pages from a cloud without them), going on as the set's watch with bookmarks, resumed
+//! where it ended; listed again only when the cloud can no longer resume it (410 Gone).
+//! All in protobuf, the encoding the node's clients read.
 use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
@@ -43,6 +43,8 @@ enum Stop {
     Failed(String),
     /// The cloud can no longer resume the watch: list again.
     Relist,
+    /// The cloud does not answer streamed lists: list in pages.
+    Unsupported,
 }
 
 impl From<GetError> for Stop {
@@ -50,6 +52,8 @@ impl From<GetError> for Stop {
         match e.status.map(|s| s.as_u16()) {
             Some(401 | 403) => Stop::Refused(e.message),
             Some(410) => Stop::Relist,
+            // kube-apiserver refuses the streamed list's options it does not know.
+            Some(400 | 422) => Stop::Unsupported,
             _ => Stop::Failed(e.message),
         }
     }
@@ -66,7 +70,7 @@ pub async fn run(set: Arc<Set>, cloud: Arc<Cloud>, path: String, mut stop: watch
             }
         }
     };
-    let mut listed = false;
+    let (mut listed, mut streamed) = (false, true);
     loop {
         while !cloud.healthy() {
             if sleep(CLOUD_CHECK, &mut stop).await {
@@ -74,6 +78,18 @@ pub async fn run(set: Arc<Set>, cloud: Arc<Cloud>, path: String, mut stop: watch
             }
         }
         let step = async {
+            if !listed && streamed {
+                let (done, ended) = streamed_list(&set, &cloud, &path).await;
+                listed = done;
+                match ended {
+                    Ok(()) => {}
+                    Err(Stop::Unsupported) => {
+                        streamed = false;
+                        return Stop::Relist;
+                    }
+                    Err(stop) => return stop,
+                }
+            }
             if !listed {
                 if let Err(stop) = list(&set, &cloud, &path).await {
                     return stop;
@@ -87,7 +103,7 @@ pub async fn run(set: Arc<Set>, cloud: Arc<Cloud>, path: String, mut stop: watch
             _ = stop.wait_for(|s| *s) => return,
         };
         let wait = match stopped {
-            Stop::Relist => {
+            Stop::Relist | Stop::Unsupported => {
                 listed = false;
                 continue;
             }
@@ -110,6 +126,37 @@ pub async fn run(set: Arc<Set>, cloud: Arc<Cloud>, path: String, mut stop: watch
             return;
         }
     }
+}
+
+/// A streamed list, as client-go 1.35+ lists (`sendInitialEvents=true`): the set's objects
+/// as ADDED events up to the bookmark annotated `k8s.io/initial-events-end`, which makes
+/// the set exactly them; the same answer then goes on as the set's watch until it ends.
+/// One request instead of a list in pages and a watch. Whether the set was listed, and
+/// how the answer ended.
+async fn streamed_list(set: &Set, cloud: &Cloud, path: &str) -> (bool, Result<(), Stop>) {
+    let q = format!(
+        "{path}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds={WATCH_SECONDS}"
+    );
+    let resp = match get_as_node_in(cloud, &q, USER_AGENT, PROTOBUF).await {
+        Ok(r) => r,
+        Err(e) => return (false, Err(e.into())),
+    };
+    let mut initial = Initial::default();
+    let ended = follow(set, resp, Until::End, Some(&mut initial)).await;
+    if initial.done {
+        return (true, ended);
+    }
+    let ended = ended.and(Err(Stop::Failed(
+        "the streamed list ended before its end bookmark".into(),
+    )));
+    (false, ended)
+}
+
+/// A streamed list's objects until its end bookmark.
+#[derive(Default)]
+struct Initial {
+    items: Vec<crate::cache::objects::Item>,
+    done: bool,
 }
 
 /// Lists the resource (all pages) and makes the set exactly that.
@@ -179,7 +226,7 @@ async fn watch_from(set: &Set, cloud: &Cloud, path: &str) -> Stop {
             Err(e) => return e.into(),
         };
         set.set_state(State::Current);
-        if let Err(stop) = follow(set, resp, Until::End).await {
+        if let Err(stop) = follow(set, resp, Until::End, None).await {
             return stop;
         }
         // The cloud ended the watch (its timeout): watch again from where the set is.
@@ -210,7 +257,7 @@ pub async fn probe_when_wanted(
                     "node-level watch cache: progress probe: {why}"
                 )
             }
-            Ok(Err(Stop::Relist)) | Err(_) => {}
+            Ok(Err(Stop::Relist | Stop::Unsupported)) | Err(_) => {}
         }
     }
 }
@@ -227,7 +274,7 @@ async fn probe(set: &Set, cloud: &Cloud, path: &str) -> Result<(), Stop> {
         set.rv()
     );
     let resp = get_as_node_in(cloud, &q, USER_AGENT, PROTOBUF).await?;
-    follow(set, resp, Until::Bookmark).await
+    follow(set, resp, Until::Bookmark, None).await
 }
 
 /// How long to read a watch.
@@ -243,6 +290,7 @@ async fn follow(
     set: &Set,
     resp: hyper::Response<crate::body::ProxyBody>,
     until: Until,
+    mut initial: Option<&mut Initial>,
 ) -> Result<(), Stop> {
     let json = resp
         .headers()
@@ -274,7 +322,7 @@ async fn follow(
             kproto::watch_frames(&buf)
         };
         for event in events {
-            match apply(set, enc, event) {
+            match apply(set, enc, event, &mut initial) {
                 Applied::Event => {}
                 Applied::Bookmark if until == Until::Bookmark => return Ok(()),
                 Applied::Bookmark => {}
@@ -303,13 +351,40 @@ enum Applied {
     Stop(Stop),
 }
 
-/// Applies one event.
-fn apply(set: &Set, enc: Encoding, event: &[u8]) -> Applied {
+/// Applies one event; while a streamed list's initial events come (`initial`), collects
+/// them instead, and its end bookmark makes the set exactly them.
+fn apply(set: &Set, enc: Encoding, event: &[u8], initial: &mut Option<&mut Initial>) -> Applied {
+    let listing = initial.as_deref_mut().filter(|i| !i.done);
     if let Some(mark) = objects::bookmark(enc, event) {
-        set.advance(mark.rv);
+        match listing {
+            // Any other bookmark first: not a streamed list (a server that ignored the
+            // option answers a plain watch).
+            Some(_) if !mark.initial_events_end => return Applied::Stop(Stop::Unsupported),
+            Some(init) => {
+                let items = std::mem::take(&mut init.items);
+                tracing::info!(
+                    gvr = set.gvr,
+                    rv = mark.rv,
+                    objects = items.len(),
+                    "node-level watch cache: listed from the cloud (streamed)"
+                );
+                set.replace(items, mark.rv);
+                init.done = true;
+            }
+            None => set.advance(mark.rv),
+        }
         return Applied::Bookmark;
     }
     match objects::parse_event(&set.resource, enc, event) {
+        Ok((EventType::Added, Some(item))) if listing.is_some() => {
+            if let Some(init) = listing {
+                init.items.push(item);
+            }
+            Applied::Event
+        }
+        Ok((EventType::Modified | EventType::Deleted, Some(_))) if listing.is_some() => {
+            Applied::Stop(Stop::Unsupported)
+        }
         Ok((ty @ (EventType::Added | EventType::Modified | EventType::Deleted), Some(item))) => {
             set.apply(ty, item);
             Applied::Event
@@ -324,6 +399,59 @@ fn apply(set: &Set, enc: Encoding, event: &[u8]) -> Applied {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn added(name: &str, rv: u64) -> Vec<u8> {
+        format!(r#"{{"type":"ADDED","object":{{"kind":"Service","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"ns1","resourceVersion":"{rv}"}}}}}}"#).into_bytes()
+    }
+
+    fn bookmark(rv: u64, end: bool) -> Vec<u8> {
+        let annotations = if end {
+            r#","annotations":{"k8s.io/initial-events-end":"true"}"#
+        } else {
+            ""
+        };
+        format!(r#"{{"type":"BOOKMARK","object":{{"kind":"Service","apiVersion":"v1","metadata":{{"resourceVersion":"{rv}"{annotations}}}}}}}"#).into_bytes()
+    }
+
+    #[test]
+    fn a_streamed_list_replaces_the_set_at_its_end_and_goes_on_as_its_watch() {
+        let set = Set::new("/v1/services", "services");
+        let mut initial = Initial::default();
+        let mut listing = Some(&mut initial);
+        for e in [added("a", 5), added("b", 6)] {
+            assert!(matches!(
+                apply(&set, Encoding::Json, &e, &mut listing),
+                Applied::Event
+            ));
+        }
+        // Nothing is in the set before the end bookmark.
+        assert_eq!(set.summary().objects, 0);
+        let end = bookmark(9, true);
+        assert!(matches!(
+            apply(&set, Encoding::Json, &end, &mut listing),
+            Applied::Bookmark
+        ));
+        assert_eq!((set.summary().objects, set.rv()), (2, 9));
+        // Later events are the set's watch.
+        let c = added("c", 10);
+        assert!(matches!(
+            apply(&set, Encoding::Json, &c, &mut listing),
+            Applied::Event
+        ));
+        assert_eq!((set.summary().objects, set.rv()), (3, 10));
+    }
+
+    #[test]
+    fn a_plain_watch_answered_for_a_streamed_list_is_not_taken_for_one() {
+        let set = Set::new("/v1/services", "services");
+        let mut initial = Initial::default();
+        let mut listing = Some(&mut initial);
+        apply(&set, Encoding::Json, &added("a", 5), &mut listing);
+        let plain = bookmark(9, false);
+        let applied = apply(&set, Encoding::Json, &plain, &mut listing);
+        assert!(matches!(applied, Applied::Stop(Stop::Unsupported)));
+        assert_eq!(set.summary().objects, 0);
+    }
 
     #[test]
     fn json_lines_keep_an_incomplete_tail() {
