@@ -686,6 +686,15 @@ impl EventType {
     }
 }
 
+/// A JSON watch event, its object left as sent.
+#[derive(serde::Deserialize)]
+struct JsonEvent<'a> {
+    #[serde(rename = "type", default)]
+    kind: String,
+    #[serde(borrow, default)]
+    object: Option<&'a serde_json::value::RawValue>,
+}
+
 /// One watch event: a JSON line, or a protobuf frame without its length prefix.
 pub fn parse_event(
     resource: &str,
@@ -694,12 +703,19 @@ pub fn parse_event(
 ) -> Result<(EventType, Option<Item>), ParseError> {
     let (ty, item) = match enc {
         Encoding::Json => {
-            let mut v: Value =
+            let e: JsonEvent<'_> =
                 serde_json::from_slice(frame).map_err(|_| ParseError::Malformed("JSON event"))?;
-            let ty = EventType::parse(v["type"].as_str().unwrap_or_default());
-            let item = ty
-                .carries_object()
-                .then(|| from_json(resource, v["object"].take(), "", ""));
+            let ty = EventType::parse(&e.kind);
+            let item = ty.carries_object().then(|| {
+                let raw = e.object.ok_or(ParseError::Malformed("JSON event"))?.get();
+                let v: Value =
+                    serde_json::from_str(raw).map_err(|_| ParseError::Malformed("JSON event"))?;
+                // An event's object names its own kind: the item keeps the bytes the cloud
+                // sent (re-serialized, its keys would come out sorted).
+                let mut item = from_json(resource, v, "", "")?;
+                item.body = raw.as_bytes().to_vec();
+                Ok(item)
+            });
             (ty, item)
         }
         Encoding::Protobuf => {

@@ -453,6 +453,148 @@ mod tests {
         assert_eq!(set.summary().objects, 0);
     }
 
+    /// The events of a recorded watch answer, each as its frame (a JSON line, or a protobuf
+    /// frame without its length).
+    fn recorded_events(name: &str) -> (Encoding, Vec<Vec<u8>>) {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/wire/kube-apiserver-1.36"
+        );
+        let body = std::fs::read(format!("{dir}/{name}/response.body")).unwrap();
+        if name.ends_with("protobuf") {
+            let (frames, used) = kproto::watch_frames(&body);
+            assert_eq!(used, body.len(), "{name}: whole frames");
+            (
+                Encoding::Protobuf,
+                frames.into_iter().map(<[u8]>::to_vec).collect(),
+            )
+        } else {
+            let (lines, _) = json_lines(&body);
+            (
+                Encoding::Json,
+                lines.into_iter().map(<[u8]>::to_vec).collect(),
+            )
+        }
+    }
+
+    /// What a watch answer from the set sends, event by event, until `enough` says so.
+    async fn served(
+        resp: hyper::Response<crate::body::ProxyBody>,
+        enc: Encoding,
+        enough: impl Fn(&[Vec<u8>]) -> bool,
+    ) -> Vec<Vec<u8>> {
+        let mut body = resp.into_body();
+        let (mut buf, mut events) = (Vec::new(), Vec::new());
+        while !enough(&events) {
+            let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+                .await
+                .expect("an event in time")
+                .expect("the watch goes on")
+                .unwrap();
+            buf.extend_from_slice(&frame.into_data().unwrap());
+            let (got, used) = match enc {
+                Encoding::Json => json_lines(&buf),
+                Encoding::Protobuf => kproto::watch_frames(&buf),
+            };
+            events.extend(got.into_iter().map(<[u8]>::to_vec));
+            buf.drain(..used);
+        }
+        events
+    }
+
+    /// kubelet 1.36's recorded streamed list of its pods (1035 ADDED, the end bookmark, then
+    /// changes), in both encodings, taken as the set's streamed list: a streamed list served
+    /// from the set to the same request carries the recorded ADDED events byte for byte and
+    /// ends at the recorded bookmark's resourceVersion; a watch resumed from that bookmark
+    /// carries the recorded changes after it, byte for byte.
+    #[tokio::test]
+    async fn a_recorded_streamed_list_is_served_back_from_the_set_as_recorded() {
+        use crate::{proxy::request::RequestInfo, shared::watch};
+        let query = "allowWatchBookmarks=true&fieldSelector=spec.nodeName%3Dedge-node-1&resourceVersionMatch=NotOlderThan&sendInitialEvents=true&timeoutSeconds=3&watch=true";
+        let info = RequestInfo::parse(&hyper::Method::GET, "/api/v1/pods", query);
+        for name in [
+            "watchlist-pods-nodename-protobuf",
+            "watchlist-pods-nodename-json",
+        ] {
+            let (enc, events) = recorded_events(name);
+            let accept = enc.content_type();
+            let set = Arc::new(Set::new("/v1/pods", "pods"));
+            let mut initial = Initial::default();
+            let mut listing = Some(&mut initial);
+            let mut end = None;
+            for (i, e) in events.iter().enumerate() {
+                apply(&set, enc, e, &mut listing);
+                if listing.as_ref().is_some_and(|l| l.done) {
+                    end = Some(i);
+                    break;
+                }
+            }
+            let end = end.unwrap_or_else(|| panic!("{name}: no end bookmark"));
+            let end_rv = objects::bookmark(enc, &events[end]).unwrap().rv;
+            let added = |evs: &[Vec<u8>]| -> Vec<Vec<u8>> {
+                let mut a: Vec<Vec<u8>> = evs
+                    .iter()
+                    .filter(|e| objects::event_type(enc, e) == EventType::Added)
+                    .cloned()
+                    .collect();
+                a.sort();
+                a
+            };
+            let keep_open: Arc<dyn Fn() -> bool + Send + Sync> = Arc::new(|| true);
+            let resp = watch::serve(
+                &set,
+                &info,
+                query,
+                accept,
+                watch::Start::Initial,
+                keep_open.clone(),
+            )
+            .unwrap();
+            let got = served(resp, enc, |evs| {
+                evs.last()
+                    .is_some_and(|e| objects::bookmark(enc, e).is_some())
+            })
+            .await;
+            assert_eq!(
+                added(&got),
+                added(&events[..end]),
+                "{name}: the initial events"
+            );
+            assert_eq!(added(&got).len(), 1035, "{name}");
+            let mark = objects::bookmark(enc, got.last().unwrap()).unwrap();
+            assert!(mark.initial_events_end, "{name}");
+            assert_eq!(mark.rv, end_rv, "{name}");
+
+            // The recorded changes after the end, then a watch resumed from the end.
+            let after: Vec<Vec<u8>> = events[end + 1..]
+                .iter()
+                .filter(|e| objects::bookmark(enc, e).is_none())
+                .cloned()
+                .collect();
+            assert!(
+                !after.is_empty(),
+                "{name}: changes were recorded after the end"
+            );
+            for e in &after {
+                apply(&set, enc, e, &mut listing);
+            }
+            let resumed = format!(
+                "allowWatchBookmarks=true&fieldSelector=spec.nodeName%3Dedge-node-1&resourceVersion={end_rv}&watch=true"
+            );
+            let resp = watch::serve(
+                &set,
+                &info,
+                &resumed,
+                accept,
+                watch::Start::After(end_rv),
+                keep_open,
+            )
+            .unwrap();
+            let got = served(resp, enc, |evs| evs.len() >= after.len()).await;
+            assert_eq!(got, after, "{name}: the changes after the end");
+        }
+    }
+
     #[test]
     fn json_lines_keep_an_incomplete_tail() {
         let (lines, used) = json_lines(b"{\"a\":1}\n{\"b\":2}\n{\"c\"");

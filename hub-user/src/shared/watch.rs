@@ -157,22 +157,23 @@ pub fn serve(
 /// A watch answered with one ERROR event: 410 Expired, as kube-apiserver answers a watch
 /// from a resourceVersion its watch cache no longer covers.
 fn expired(enc: Encoding, message: &str) -> Response<ProxyBody> {
-    let frame: Bytes = match enc {
-        Encoding::Json => {
-            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                "status": "Failure", "message": message, "reason": "Expired", "code": 410});
-            let line = serde_json::json!({"type": "ERROR", "object": status});
-            let mut b = serde_json::to_vec(&line).unwrap_or_default();
-            b.push(b'\n');
-            b.into()
-        }
+    let (tx, rx) = mpsc::channel(1);
+    let _ = tx.try_send(expired_event(enc, message));
+    watch_response("", enc, rx)
+}
+
+/// The ERROR event of a 410 Expired, byte for byte as kube-apiserver writes it.
+fn expired_event(enc: Encoding, message: &str) -> Bytes {
+    match enc {
+        Encoding::Json => format!(
+            "{{\"type\":\"ERROR\",\"object\":{{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"metadata\":{{}},\"status\":\"Failure\",\"message\":{},\"reason\":\"Expired\",\"code\":410}}}}\n",
+            serde_json::Value::from(message)
+        )
+        .into(),
         Encoding::Protobuf => {
             kproto::watch_frame("ERROR", &kproto::status("Expired", message, 410, None)).into()
         }
-    };
-    let (tx, rx) = mpsc::channel(1);
-    let _ = tx.try_send(frame);
-    watch_response("", enc, rx)
+    }
 }
 
 /// What a watch sends before the set's changes: the objects of a starting watch as ADDED
@@ -252,6 +253,31 @@ impl Feed {
                     }
                 }
                 _ = tx.closed() => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 410 a watch below the set's window gets is the one kube-apiserver 1.32 and 1.36
+    /// sent (tests/fixtures/wire/*/watch-too-old-*), byte for byte.
+    #[test]
+    fn a_watch_below_the_window_gets_the_recorded_410() {
+        let wire = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/wire");
+        for (version, oldest) in [("1.32", 27685), ("1.36", 1605)] {
+            let message = format!("too old resource version: 2 ({oldest})");
+            for (name, enc) in [("json", Encoding::Json), ("protobuf", Encoding::Protobuf)] {
+                let path =
+                    format!("{wire}/kube-apiserver-{version}/watch-too-old-{name}/response.body");
+                let recorded = std::fs::read(&path).unwrap();
+                assert_eq!(
+                    expired_event(enc, &message).as_ref(),
+                    recorded.as_slice(),
+                    "{path}"
+                );
             }
         }
     }

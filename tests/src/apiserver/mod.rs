@@ -56,7 +56,8 @@ pub struct Options {
     pub history_limit: usize,
     /// How often watches that allow bookmarks get one.
     pub bookmark_interval: Duration,
-    /// Also a bookmark as a watch of 3 s or more ends, at the store's resourceVersion, as
+    /// Also a bookmark as a watch of 3 s or more ends, at the newest resourceVersion that
+    /// watch has seen, as
     /// kube-apiserver 1.36's watch cache sends one (recorded in
     /// tests/fixtures/watch-cache-1.36; it sends the periodic one only every minute).
     pub bookmark_at_deadline: bool,

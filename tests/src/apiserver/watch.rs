@@ -222,7 +222,20 @@ pub async fn watch(
                 }
                 _ = tokio::time::sleep_until(deadline) => {
                     if bookmarks && at_deadline {
-                        let rv = store_state.store.current_rv().to_string();
+                        // As kube-apiserver's watch cache: the bookmark follows every event
+                        // dispatched before it on this stream, so it never claims one this
+                        // watch was not sent. Events already written go out first.
+                        while let Ok(e) = live.try_recv() {
+                            progress = progress.max(e.rv);
+                            if e.rv <= last_sent || !in_scope(&e) {
+                                continue;
+                            }
+                            last_sent = e.rv;
+                            if let Some((kind, obj)) = visible(&e, &matches) {
+                                let _ = tx.send(encode(kind, obj)).await;
+                            }
+                        }
+                        let rv = progress.max(last_sent).to_string();
                         let mark = json!({"kind": r.kind, "apiVersion": r.api_version(), "metadata": {"resourceVersion": rv}});
                         let _ = tx.send(encode("BOOKMARK", &mark)).await;
                     }
