@@ -91,31 +91,44 @@ impl Collector for CacheCollector {
                 ConstCounter::new(v).encode(family.encode_family(&ResultLabel { result })?)?;
             }
         }
-        let c = ConstCounter::new(s.scanned_only);
-        c.encode(encoder.encode_descriptor(
-            "scanned_only",
-            "Objects recognised as already stored by a metadata scan alone, not parsed",
-            None,
-            c.metric_type(),
-        )?)?;
-        for (name, help, v) in [
-            (
-                "entries",
-                "Objects stored, tombstones included",
-                s.entries as i64,
-            ),
-            ("file_bytes", "Size of the store file", s.file_bytes as i64),
-            (
-                "queued_writes",
-                "Offline writes waiting for the cloud",
-                s.queued as i64,
-            ),
-        ] {
-            let g = ConstGauge::new(v);
-            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
-        }
+        let help = "Objects recognised as already stored by a metadata scan alone, not parsed";
+        counters(&mut encoder, &[("scanned_only", help, s.scanned_only)])?;
+        gauges(
+            &mut encoder,
+            &[
+                (
+                    "entries",
+                    "Objects stored, tombstones included",
+                    s.entries as i64,
+                ),
+                ("file_bytes", "Size of the store file", s.file_bytes as i64),
+                (
+                    "queued_writes",
+                    "Offline writes waiting for the cloud",
+                    s.queued as i64,
+                ),
+            ],
+        )?;
         Ok(())
     }
+}
+
+/// Writes each (name, help, value) as a counter read at this scrape.
+fn counters(encoder: &mut DescriptorEncoder, each: &[(&str, &str, u64)]) -> std::fmt::Result {
+    for (name, help, v) in each {
+        let c = ConstCounter::new(*v);
+        c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+    }
+    Ok(())
+}
+
+/// Writes each (name, help, value) as a gauge read at this scrape.
+fn gauges(encoder: &mut DescriptorEncoder, each: &[(&str, &str, i64)]) -> std::fmt::Result {
+    for (name, help, v) in each {
+        let g = ConstGauge::new(*v);
+        g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+    }
+    Ok(())
 }
 
 /// Conversions between protobuf and JSON (`hub_convert_*`), read at each scrape.
@@ -124,21 +137,21 @@ struct ConvertCollector;
 
 impl Collector for ConvertCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for (name, help, v) in [
-            (
-                "objects",
-                "Objects, lists and watch events converted between protobuf and JSON",
-                crate::convert::conversions_total(),
-            ),
-            (
-                "fields_left_out",
-                "Fields left out of a conversion: newer than the hub's schema (Kubernetes 1.36)",
-                crate::convert::unknown_fields_total(),
-            ),
-        ] {
-            let c = ConstCounter::new(v);
-            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
-        }
+        counters(
+            &mut encoder,
+            &[
+                (
+                    "objects",
+                    "Objects, lists and watch events converted between protobuf and JSON",
+                    crate::convert::conversions_total(),
+                ),
+                (
+                    "fields_left_out",
+                    "Fields left out of a conversion: newer than the hub's schema (Kubernetes 1.36)",
+                    crate::convert::unknown_fields_total(),
+                ),
+            ],
+        )?;
         Ok(())
     }
 }
@@ -159,40 +172,34 @@ impl Collector for SharedCollector {
             return Ok(());
         };
         let s = shared.status();
-        for (name, help, v) in [
-            (
-                "lists_served",
-                "LISTs answered from the node's shared sets",
-                s.lists_served,
-            ),
-            (
-                "watches_served",
-                "Watches answered from the node's shared sets",
-                s.watches_served,
-            ),
-            (
-                "checks",
-                "Clients' own requests sent to the cloud to learn their authorization or its resourceVersion",
-                s.checks,
-            ),
-            (
-                "passed_to_cloud",
-                "Reads of shared resources the sets could not answer, sent to the cloud",
-                s.passed_to_cloud,
-            ),
-        ] {
-            let c = ConstCounter::new(v);
-            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
-        }
+        counters(
+            &mut encoder,
+            &[
+                (
+                    "lists_served",
+                    "LISTs answered from the node's shared sets",
+                    s.lists_served,
+                ),
+                (
+                    "watches_served",
+                    "Watches answered from the node's shared sets",
+                    s.watches_served,
+                ),
+                (
+                    "checks",
+                    "Clients' own requests sent to the cloud to learn their authorization or its resourceVersion",
+                    s.checks,
+                ),
+                (
+                    "passed_to_cloud",
+                    "Reads of shared resources the sets could not answer, sent to the cloud",
+                    s.passed_to_cloud,
+                ),
+            ],
+        )?;
         let current = s.sets.iter().filter(|set| set.state == "current").count();
-        let g = ConstGauge::new(current as i64);
-        g.encode(encoder.encode_descriptor(
-            "sets_current",
-            "Shared sets listed and watched from the cloud now",
-            None,
-            g.metric_type(),
-        )?)?;
-        Ok(())
+        let help = "Shared sets listed and watched from the cloud now";
+        gauges(&mut encoder, &[("sets_current", help, current as i64)])
     }
 }
 
@@ -212,91 +219,91 @@ impl Collector for PoolCollector {
             return Ok(());
         };
         let s = pool.status();
-        for (name, help, v) in [
-            (
-                "healthy",
-                "1 if the pool coordinator answers reads",
-                i64::from(s.healthy),
-            ),
-            (
-                "pushes_healthy",
-                "1 if the last round of pushes to the pool coordinator succeeded",
-                i64::from(s.pushes_healthy),
-            ),
-            (
-                "leader",
-                "1 while this hub leads its pool",
-                i64::from(s.role == "leader"),
-            ),
-        ] {
-            let g = ConstGauge::new(v);
-            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
-        }
-        for (name, help, v) in [
-            (
-                "full_pushes",
-                "Pushes of everything (the first, and one per coordinator rebuild)",
-                s.full_pushes,
-            ),
-            (
-                "sets_pushed",
-                "Component sets written to the coordinator",
-                s.lists_pushed,
-            ),
-            (
-                "objects_pushed",
-                "Objects written to the coordinator by pushes",
-                s.objects_written,
-            ),
-            (
-                "stale_dropped",
-                "Pushed objects the coordinator held newer, dropped",
-                s.stale_dropped,
-            ),
-            (
-                "converted_for_storage",
-                "Objects held in JSON converted to protobuf for the coordinator",
-                s.converted_for_storage,
-            ),
-            (
-                "stored_as_json",
-                "Objects pushed in JSON (no schema to convert them: custom resources)",
-                s.stored_as_json,
-            ),
-            (
-                "leader_lists",
-                "Pool-scope lists the leader wrote",
-                s.leader_lists,
-            ),
-            (
-                "leader_events",
-                "Pool-scope watch events the leader applied",
-                s.leader_events,
-            ),
-            (
-                "leader_stale",
-                "Pool-scope events older than what the coordinator held",
-                s.leader_stale,
-            ),
-            (
-                "gc_removed",
-                "Objects the leader's sweeps removed (no live hub held them)",
-                s.gc.removed,
-            ),
-            (
-                "gc_nodes_removed",
-                "Departed hubs whose records the leader removed",
-                s.gc.nodes_removed,
-            ),
-            (
-                "gc_tombstones_removed",
-                "Deletion records older than the tombstone TTL, removed",
-                s.gc.tombstones_removed,
-            ),
-        ] {
-            let c = ConstCounter::new(v);
-            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
-        }
+        gauges(
+            &mut encoder,
+            &[
+                (
+                    "healthy",
+                    "1 if the pool coordinator answers reads",
+                    i64::from(s.healthy),
+                ),
+                (
+                    "pushes_healthy",
+                    "1 if the last round of pushes to the pool coordinator succeeded",
+                    i64::from(s.pushes_healthy),
+                ),
+                (
+                    "leader",
+                    "1 while this hub leads its pool",
+                    i64::from(s.role == "leader"),
+                ),
+            ],
+        )?;
+        counters(
+            &mut encoder,
+            &[
+                (
+                    "full_pushes",
+                    "Pushes of everything (the first, and one per coordinator rebuild)",
+                    s.full_pushes,
+                ),
+                (
+                    "sets_pushed",
+                    "Component sets written to the coordinator",
+                    s.lists_pushed,
+                ),
+                (
+                    "objects_pushed",
+                    "Objects written to the coordinator by pushes",
+                    s.objects_written,
+                ),
+                (
+                    "stale_dropped",
+                    "Pushed objects the coordinator held newer, dropped",
+                    s.stale_dropped,
+                ),
+                (
+                    "converted_for_storage",
+                    "Objects held in JSON converted to protobuf for the coordinator",
+                    s.converted_for_storage,
+                ),
+                (
+                    "stored_as_json",
+                    "Objects pushed in JSON (no schema to convert them: custom resources)",
+                    s.stored_as_json,
+                ),
+                (
+                    "leader_lists",
+                    "Pool-scope lists the leader wrote",
+                    s.leader_lists,
+                ),
+                (
+                    "leader_events",
+                    "Pool-scope watch events the leader applied",
+                    s.leader_events,
+                ),
+                (
+                    "leader_stale",
+                    "Pool-scope events older than what the coordinator held",
+                    s.leader_stale,
+                ),
+                (
+                    "gc_removed",
+                    "Objects the leader's sweeps removed (no live hub held them)",
+                    s.gc.removed,
+                ),
+                (
+                    "gc_nodes_removed",
+                    "Departed hubs whose records the leader removed",
+                    s.gc.nodes_removed,
+                ),
+                (
+                    "gc_tombstones_removed",
+                    "Deletion records older than the tombstone TTL, removed",
+                    s.gc.tombstones_removed,
+                ),
+            ],
+        )?;
         Ok(())
     }
 }

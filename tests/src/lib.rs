@@ -144,3 +144,19 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// The `namespace/name` of every item of a list answer's JSON, in its order.
+pub fn list_keys(list: &serde_json::Value) -> Vec<String> {
+    list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| {
+            format!(
+                "{}/{}",
+                i["metadata"]["namespace"].as_str().unwrap_or(""),
+                i["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect()
+}

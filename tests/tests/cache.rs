@@ -23,18 +23,7 @@ const PROTOBUF: &str = "application/vnd.kubernetes.protobuf, application/json";
 
 fn names(list_json: &str) -> BTreeSet<String> {
     let v: Value = serde_json::from_str(list_json).expect("list JSON");
-    v["items"]
-        .as_array()
-        .expect("items")
-        .iter()
-        .map(|i| {
-            format!(
-                "{}/{}",
-                i["metadata"]["namespace"].as_str().unwrap_or(""),
-                i["metadata"]["name"].as_str().unwrap()
-            )
-        })
-        .collect()
+    hub_tests::list_keys(&v).into_iter().collect()
 }
 
 fn seed_namespaces(cloud: &StandIn) {

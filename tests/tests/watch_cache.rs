@@ -307,18 +307,7 @@ fn get(client: &Client, path: &str) -> Reply {
 
 fn names(reply: &Reply) -> Vec<String> {
     let v: Value = serde_json::from_slice(&reply.body).expect("a JSON list");
-    v["items"]
-        .as_array()
-        .expect("items")
-        .iter()
-        .map(|i| {
-            format!(
-                "{}/{}",
-                i["metadata"]["namespace"].as_str().unwrap(),
-                i["metadata"]["name"].as_str().unwrap()
-            )
-        })
-        .collect()
+    hub_tests::list_keys(&v)
 }
 
 #[test]

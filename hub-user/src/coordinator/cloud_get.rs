@@ -6,9 +6,80 @@ use hyper::{Request, StatusCode, header};
 
 use crate::{
     body::ProxyBody,
+    cache::objects::{self, Encoding, Item},
     gzip::{self, ContentEncoding},
+    kproto,
+    proxy::request::percent_encode,
     upstream::cloud::{AsWho, Cloud},
 };
+
+/// Pages of a list the hub takes for itself.
+pub const PAGE: usize = 500;
+/// A list page or one watch event larger than this is refused.
+pub const MAX_ANSWER: usize = 64 * 1024 * 1024;
+/// How long one watch request of the hub's own to the cloud stays open.
+pub const WATCH_SECONDS: u64 = 300;
+
+/// Every object of a list the hub took for itself (all pages).
+pub struct Listed {
+    pub items: Vec<Item>,
+    /// The resourceVersion of its first page.
+    pub rv: u64,
+    /// Objects the hub could not read.
+    pub bad: usize,
+}
+
+/// Lists `path` from the cloud as the node, every page, asking for `accept`; the objects
+/// are parsed as `resource`'s.
+pub async fn list_as_node(
+    cloud: &Cloud,
+    path: &str,
+    resource: &str,
+    user_agent: &str,
+    accept: &str,
+) -> Result<Listed, GetError> {
+    let failed = |message: String| GetError {
+        status: None,
+        message,
+    };
+    let mut listed = Listed {
+        items: Vec::new(),
+        rv: 0,
+        bad: 0,
+    };
+    let mut cont = String::new();
+    loop {
+        let mut q = format!("{path}?limit={PAGE}");
+        if !cont.is_empty() {
+            q.push_str(&format!("&continue={}", percent_encode(&cont)));
+        }
+        let resp = get_as_node_in(cloud, &q, user_agent, accept).await?;
+        let mut body = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER);
+        let mut pieces = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| failed(format!("reading the list: {e}")))?;
+            if let Ok(data) = frame.into_data() {
+                pieces.push(data);
+            }
+        }
+        let enc = if pieces.first().is_some_and(|p| p.starts_with(kproto::MAGIC)) {
+            Encoding::Protobuf
+        } else {
+            Encoding::Json
+        };
+        let page = objects::parse_list_pieces(resource, enc, &pieces, |_| false)
+            .map_err(|e| failed(e.to_string()))?;
+        if listed.rv == 0 {
+            listed.rv = page.rv;
+        }
+        listed.items.extend(page.items);
+        listed.bad += page.bad;
+        cont = page.continue_token;
+        if cont.is_empty() {
+            return Ok(listed);
+        }
+    }
+}
 
 /// A failed GET: the cloud's status when it answered, and why.
 #[derive(Debug)]

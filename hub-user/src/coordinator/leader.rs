@@ -18,13 +18,12 @@ use http_body_util::BodyExt;
 use tokio::sync::watch;
 
 use super::{
-    cloud_get::get_as_node,
+    cloud_get::{MAX_ANSWER, WATCH_SECONDS, get_as_node, list_as_node},
     storage::{Object, Resource, Storage, StorageError, resource_of, split_gvr},
 };
 use crate::{
     body::ProxyBody,
     cache::objects::{self, Encoding, EventType, Item},
-    proxy::request::percent_encode,
     upstream::cloud::Cloud,
 };
 
@@ -32,12 +31,6 @@ pub const SYNCED_PREFIX: &str = "/hub/synced/";
 /// The ownership name of what the leader writes.
 pub const COMPONENT: &str = "pool";
 const USER_AGENT: &str = "hub/pool-leader";
-/// Pages of the leader's lists.
-const PAGE: usize = 500;
-/// A list page or one watch event larger than this is refused.
-const MAX_ANSWER: usize = 64 * 1024 * 1024;
-/// How long one watch request to the cloud stays open.
-const WATCH_SECONDS: u64 = 300;
 /// How often a leader that lost nothing checks it is still the leader.
 const CHECK: Duration = Duration::from_millis(200);
 /// The marker is advanced at most this often while events flow.
@@ -183,29 +176,16 @@ impl Syncer {
     /// returns the list's resourceVersion.
     async fn list(&self) -> Result<u64, String> {
         let started = Instant::now();
-        let (mut items, mut rv, mut cont) = (Vec::new(), 0, String::new());
-        loop {
-            let mut q = format!("{}?limit={PAGE}", self.path);
-            if !cont.is_empty() {
-                q.push_str(&format!("&continue={}", percent_encode(&cont)));
-            }
-            let resp = self.get(&q).await?;
-            let body = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
-                .collect()
-                .await
-                .map_err(|e| format!("reading the list: {e}"))?
-                .to_bytes();
-            let page = objects::parse_list(&self.resource.resource, Encoding::Json, &body)
-                .map_err(|e| e.to_string())?;
-            if rv == 0 {
-                rv = page.rv;
-            }
-            items.extend(page.items);
-            cont = page.continue_token;
-            if cont.is_empty() {
-                break;
-            }
-        }
+        let listed = list_as_node(
+            &self.cloud,
+            &self.path,
+            &self.resource.resource,
+            USER_AGENT,
+            "application/json",
+        )
+        .await
+        .map_err(|e| e.message)?;
+        let (items, rv) = (listed.items, listed.rv);
         if !self.pool.is_leader() {
             return Err("no longer the leader".into());
         }

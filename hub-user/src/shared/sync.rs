@@ -4,26 +4,19 @@
 //! All in protobuf, the encoding the node's clients read.
 use std::{sync::Arc, time::Duration};
 
-use bytes::Bytes;
 use http_body_util::BodyExt;
 use tokio::sync::watch;
 
 use super::set::{Set, State};
 use crate::{
     cache::objects::{self, Encoding, EventType},
-    coordinator::cloud_get::{GetError, get_as_node_in},
+    coordinator::cloud_get::{GetError, MAX_ANSWER, WATCH_SECONDS, get_as_node_in, list_as_node},
     kproto,
     upstream::cloud::Cloud,
 };
 
 const USER_AGENT: &str = "hub/node-watch-cache";
 const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
-/// Pages of the list.
-const PAGE: usize = 500;
-/// A list page or one watch event larger than this is refused.
-const MAX_ANSWER: usize = 64 * 1024 * 1024;
-/// How long one watch request to the cloud stays open.
-const WATCH_SECONDS: u64 = 300;
 /// How long to wait before trying again after a failure.
 const RETRY: Duration = Duration::from_secs(1);
 /// How long to wait before asking again after the cloud refused the node this list.
@@ -161,57 +154,21 @@ struct Initial {
 
 /// Lists the resource (all pages) and makes the set exactly that.
 async fn list(set: &Set, cloud: &Cloud, path: &str) -> Result<(), Stop> {
-    let (mut items, mut rv, mut cont) = (Vec::new(), 0, String::new());
-    loop {
-        let mut q = format!("{path}?limit={PAGE}");
-        if !cont.is_empty() {
-            q.push_str("&continue=");
-            q.push_str(&crate::proxy::request::percent_encode(&cont));
-        }
-        let resp = get_as_node_in(cloud, &q, USER_AGENT, PROTOBUF).await?;
-        let pieces = read_all(resp.into_body()).await?;
-        let enc = if pieces.first().is_some_and(|p| p.starts_with(kproto::MAGIC)) {
-            Encoding::Protobuf
-        } else {
-            Encoding::Json
-        };
-        let page = objects::parse_list_pieces(&set.resource, enc, &pieces, |_| false)
-            .map_err(|e| Stop::Failed(format!("the cloud's list: {e}")))?;
-        if page.bad > 0 {
-            return Err(Stop::Failed(format!(
-                "the cloud's list held {} objects the hub cannot read",
-                page.bad
-            )));
-        }
-        if rv == 0 {
-            rv = page.rv;
-        }
-        items.extend(page.items);
-        cont = page.continue_token;
-        if cont.is_empty() {
-            break;
-        }
+    let listed = list_as_node(cloud, path, &set.resource, USER_AGENT, PROTOBUF).await?;
+    if listed.bad > 0 {
+        return Err(Stop::Failed(format!(
+            "the cloud's list held {} objects the hub cannot read",
+            listed.bad
+        )));
     }
     tracing::info!(
         gvr = set.gvr,
-        rv,
-        objects = items.len(),
+        rv = listed.rv,
+        objects = listed.items.len(),
         "node-level watch cache: listed from the cloud"
     );
-    set.replace(items, rv);
+    set.replace(listed.items, listed.rv);
     Ok(())
-}
-
-async fn read_all(body: crate::body::ProxyBody) -> Result<Vec<Bytes>, Stop> {
-    let mut body = http_body_util::Limited::new(body, MAX_ANSWER);
-    let mut pieces = Vec::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| Stop::Failed(format!("reading the cloud's list: {e}")))?;
-        if let Ok(data) = frame.into_data() {
-            pieces.push(data);
-        }
-    }
-    Ok(pieces)
 }
 
 /// Applies the cloud's watch from the set's resourceVersion until it ends or fails.

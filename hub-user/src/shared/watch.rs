@@ -43,12 +43,12 @@ pub enum Start {
 }
 
 /// Which objects a watch is about: its namespace and selector.
-struct Scope {
+struct Selection {
     namespace: String,
     sel: Selector,
 }
 
-impl Scope {
+impl Selection {
     fn takes(&self, item: &Item) -> bool {
         (self.namespace.is_empty() || item.namespace == self.namespace)
             && self.sel.matches_item(item)
@@ -88,7 +88,7 @@ pub fn serve(
         Ok(s) => s,
         Err(msg) => return Ok(bad_request(&msg)),
     };
-    let scope = Scope {
+    let scope = Selection {
         namespace: info.namespace.clone(),
         sel,
     };
@@ -189,7 +189,7 @@ struct Feed {
     enc: Encoding,
     api_version: String,
     kind: String,
-    scope: Scope,
+    scope: Selection,
     /// The newest resourceVersion this watch has been told of (in order), for bookmarks.
     newest: u64,
     bookmarks: bool,
