@@ -10,9 +10,10 @@ use hub_tests::{
 };
 use serde_json::Value;
 
-pub fn run(what: &str, rounds: usize, minutes: u64, output: Output) -> Result<()> {
+/// `cut_every`: seconds between the edge link's cuts (`bench edge`).
+pub fn run(what: &str, rounds: usize, minutes: u64, cut_every: u64, output: Output) -> Result<()> {
     match what {
-        "edge" => crate::bench_edge::edge(minutes, output),
+        "edge" => crate::bench_edge::edge(minutes, cut_every, output),
         "intercept" => intercept(rounds, output),
         "proxy" => crate::bench_proxy::proxy(rounds, output),
         "cache" => crate::bench_cache::cache(rounds, output),
@@ -151,7 +152,7 @@ pub struct Stack {
     /// The hub's config, to start it again (same cache).
     pub yaml: String,
     pub admin: String,
-    cloud_port: u16,
+    pub cloud_port: u16,
     /// The stand-in's PKI and the hubs' caches; removed last.
     _dir: hub_tests::TempDir,
 }
@@ -196,6 +197,24 @@ impl Stack {
     pub fn start_hub(&self, name: &str, node: &str, extra: &str) -> (HubProc, String) {
         let dir = self._dir.path();
         let (yaml, admin, via) = hub_config(dir, node, self.cloud_port, name, "", extra);
+        (HubProc::start_yaml(None, &admin, None, |_, _| yaml), via)
+    }
+
+    /// A hub of `node` as a node runs it: the cloud at `cloud_port` on loopback (a relay in
+    /// front of the stand-in), caching `components`.
+    pub fn start_node_hub(
+        &self,
+        name: &str,
+        node: &str,
+        cloud_port: u16,
+        components: &[&str],
+    ) -> (HubProc, String) {
+        let dir = self._dir.path();
+        let (yaml, admin, via) = hub_config(dir, node, cloud_port, name, "", "");
+        let yaml = yaml.replace(
+            &format!("components: [{COMPONENT}]"),
+            &format!("components: [{}]", components.join(", ")),
+        );
         (HubProc::start_yaml(None, &admin, None, |_, _| yaml), via)
     }
 

@@ -527,10 +527,22 @@ pub fn pool(output: Output) -> Result<()> {
 pub(crate) struct UserTraffic {
     pub requests: u64,
     pub bytes: u64,
+    /// Watches that began with the whole state (`sendInitialEvents=true`).
+    pub watch_lists: u64,
     pub verbs: std::collections::BTreeMap<String, u64>,
 }
 
 impl UserTraffic {
+    /// Adds another user's counts to these.
+    pub(crate) fn add(&mut self, other: &UserTraffic) {
+        self.requests += other.requests;
+        self.bytes += other.bytes;
+        self.watch_lists += other.watch_lists;
+        for (verb, n) in &other.verbs {
+            *self.verbs.entry(verb.clone()).or_default() += n;
+        }
+    }
+
     pub(crate) fn verb(&self, v: &str) -> u64 {
         self.verbs.get(v).copied().unwrap_or(0)
     }
@@ -591,6 +603,7 @@ pub(crate) async fn traffic_by_user(
             let traffic = UserTraffic {
                 requests: t["requests"].as_u64().unwrap_or(0),
                 bytes: t["bytes"].as_u64().unwrap_or(0),
+                watch_lists: t["watch_lists"].as_u64().unwrap_or(0),
                 verbs,
             };
             (user.clone(), traffic)

@@ -10,6 +10,8 @@ mod bench_proxy;
 mod bench_watch_cache;
 mod demo;
 mod image;
+mod reflector;
+mod relay;
 mod soak;
 
 use std::{
@@ -35,8 +37,10 @@ commands:
   demo         the system end to end on this machine, in throwaway namespaces (root);
                --step pauses between steps
   bench WHAT   release-build benchmarks as ratios against direct, same run
-               (WHAT: intercept, proxy, cache, coordinator, pool, pool-scale, edge, offline);
-               --rounds N; --minutes N (edge: how long each side runs, default 60);
+               (WHAT: intercept, proxy, cache, coordinator, pool, pool-scale, edge, offline,
+               watch-cache);
+               --rounds N; --minutes N (edge: how long it runs, default 60);
+               --cut-every S (edge: seconds between the link's 30 s cuts, default 600);
                --output json: the figures as one JSON document on stdout
   bench-doc    rebuild the tables of docs/benchmarks.md from the runs kept in docs/bench/
                (JSON from bench --output json); --check fails if the document differs
@@ -192,7 +196,13 @@ fn bench_cmd(args: &[String]) -> Result<()> {
         .map(|w| w[1].parse())
         .transpose()?
         .unwrap_or(60);
-    bench::run(what, rounds, minutes, output)
+    let cut_every = args
+        .windows(2)
+        .find(|w| w[0] == "--cut-every")
+        .map(|w| w[1].parse())
+        .transpose()?
+        .unwrap_or(600);
+    bench::run(what, rounds, minutes, cut_every, output)
 }
 
 /// The binaries tests and the demo start: hub and hub-probe.

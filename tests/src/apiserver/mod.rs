@@ -486,13 +486,19 @@ async fn route(
             bearer: bearer.is_some(),
         });
     }
-    let watching = req
-        .uri()
-        .query()
-        .is_some_and(|q| q.split('&').any(|p| p == "watch=1" || p == "watch=true"));
-    let counter = state
-        .traffic
-        .open(&user.name, req.method().as_str(), &path, watching);
+    let has = |params: &[&str]| {
+        req.uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| params.contains(&p)))
+    };
+    let watching = has(&["watch=1", "watch=true"]);
+    let counter = state.traffic.open(
+        &user.name,
+        req.method().as_str(),
+        &path,
+        watching,
+        has(&["sendInitialEvents=true"]),
+    );
     let accepts_gzip = req
         .headers()
         .get_all(header::ACCEPT_ENCODING)

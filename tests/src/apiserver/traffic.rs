@@ -20,6 +20,7 @@ struct Counters {
     requests: AtomicU64,
     verbs: Mutex<BTreeMap<&'static str, u64>>,
     watches: AtomicU64,
+    watch_lists: AtomicU64,
     open_watches: AtomicU64,
     bytes: AtomicU64,
 }
@@ -30,6 +31,8 @@ pub struct UserTraffic {
     /// get, list, watch, create, update, patch, delete, discovery, health, other.
     pub verbs: BTreeMap<&'static str, u64>,
     pub watches: u64,
+    /// Watches that begin with the whole state (`sendInitialEvents=true`): lists by another name.
+    pub watch_lists: u64,
     pub open_watches: u64,
     pub bytes: u64,
 }
@@ -52,7 +55,15 @@ impl Drop for Counter {
 }
 
 impl Traffic {
-    pub fn open(&self, user: &str, method: &str, path: &str, watch: bool) -> Counter {
+    /// `watch_list`: a watch with `sendInitialEvents=true`.
+    pub fn open(
+        &self,
+        user: &str,
+        method: &str,
+        path: &str,
+        watch: bool,
+        watch_list: bool,
+    ) -> Counter {
         let counters = self
             .0
             .lock()
@@ -71,6 +82,9 @@ impl Traffic {
             counters.watches.fetch_add(1, Ordering::Relaxed);
             counters.open_watches.fetch_add(1, Ordering::Relaxed);
         }
+        if watch && watch_list {
+            counters.watch_lists.fetch_add(1, Ordering::Relaxed);
+        }
         Counter { counters, watch }
     }
 
@@ -85,6 +99,7 @@ impl Traffic {
                     requests: l(&c.requests),
                     verbs: c.verbs.lock().unwrap().clone(),
                     watches: l(&c.watches),
+                    watch_lists: l(&c.watch_lists),
                     open_watches: l(&c.open_watches),
                     bytes: l(&c.bytes),
                 };
@@ -99,6 +114,7 @@ impl Traffic {
             c.requests.store(0, Ordering::Relaxed);
             c.verbs.lock().unwrap().clear();
             c.watches.store(0, Ordering::Relaxed);
+            c.watch_lists.store(0, Ordering::Relaxed);
             c.bytes.store(0, Ordering::Relaxed);
         }
     }

@@ -3,6 +3,7 @@
 //!   hub-apiserver --listen 127.0.0.1:6443 --dir DIR [--nodes N] [--pods-per-node M]
 //!                 [--services K] [--configmaps C] [--secrets S] [--history EVENTS] [--bookmark-ms MS]
 //!                 [--san NAME]... [--hub-pki NODE]... [--approve-csrs] [--bookmark-at-deadline]
+//!                 [--reader-token NAME]...
 //!
 //! Writes DIR/ca.crt and DIR/admin.kubeconfig (admin token), seeds the store, prints
 //! "ready" and serves until SIGTERM or SIGINT. With --hub-pki NODE it also writes what a
@@ -15,6 +16,8 @@
 //! With --approve-csrs it approves and signs CertificateSigningRequests as they arrive.
 //! With --bookmark-at-deadline a watch of 3 s or more gets a bookmark as it ends, as from
 //! kube-apiserver 1.36's watch cache (with --bookmark-ms 60000, its bookmarks' timing).
+//! With --reader-token NAME, token NAME is the service account kube-system:NAME, which may
+//! get, list and watch everything (a kube-proxy, a CoreDNS, a CNI agent).
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use hub_tests::apiserver::{Options, StandIn, seed};
@@ -38,7 +41,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "usage: hub-apiserver --listen ADDR --dir DIR [--nodes N] [--pods-per-node M] [--services K] [--configmaps C] [--secrets S] [--history EVENTS] [--bookmark-ms MS] [--san NAME]... [--hub-pki NODE]... [--approve-csrs] [--bookmark-at-deadline]"
+            "usage: hub-apiserver --listen ADDR --dir DIR [--nodes N] [--pods-per-node M] [--services K] [--configmaps C] [--secrets S] [--history EVENTS] [--bookmark-ms MS] [--san NAME]... [--hub-pki NODE]... [--approve-csrs] [--bookmark-at-deadline] [--reader-token NAME]..."
         );
         return;
     }
@@ -134,6 +137,17 @@ fn main() {
     }
     if !nodes.is_empty() {
         standin.state.auth.write().unwrap().add_test_identities();
+    }
+    for w in args.windows(2).filter(|w| w[0] == "--reader-token") {
+        let user = format!("system:serviceaccount:kube-system:{}", w[1]);
+        let mut auth = standin.state.auth.write().unwrap();
+        auth.add_token(&w[1], &user, &["system:serviceaccounts"]);
+        auth.allow(hub_tests::apiserver::auth::Rule::new(
+            &user,
+            &["get", "list", "watch"],
+            &["*"],
+            &["*"],
+        ));
     }
     println!("ready");
     // Serve until told to stop.

@@ -7,7 +7,7 @@
 mod checks;
 mod ledger;
 mod load;
-mod relay;
+
 mod world;
 
 use std::{

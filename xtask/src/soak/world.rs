@@ -20,7 +20,7 @@ use hub_tests::{
 };
 use serde_json::Value;
 
-use super::relay::Relay;
+use crate::relay::Relay;
 
 pub const NODES: [&str; 2] = ["node-0", "node-1"];
 /// Pods the cloud starts with, per node.
