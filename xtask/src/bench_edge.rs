@@ -165,8 +165,9 @@ pub fn edge(minutes: u64, cut_every: u64, output: Output) -> Result<()> {
             leases,
         })
     })?;
+    let shared = hub.status()["node_watch_cache"].clone();
     drop(hub);
-    report(&outcome, minutes, cut_every, output)?;
+    report(&outcome, &shared, minutes, cut_every, output)?;
     let unequal: Vec<&String> = outcome
         .views
         .iter()
@@ -207,7 +208,14 @@ fn side_traffic(o: &Outcome, side: &Side) -> crate::bench_pool::UserTraffic {
     sum
 }
 
-fn report(o: &Outcome, minutes: u64, cut_every: u64, output: Output) -> Result<()> {
+/// `shared`: the hub's node-level watch cache, from its status.
+fn report(
+    o: &Outcome,
+    shared: &serde_json::Value,
+    minutes: u64,
+    cut_every: u64,
+    output: Output,
+) -> Result<()> {
     let mut report = Report::new("edge", output);
     report.line(&format!(
         "bench edge: one node's kubelet 1.36, kube-proxy, CoreDNS, CNI agent and operator's agent for {minutes} min, the link cut {} times ({CUT_SECONDS} s, every {cut_every} s), the cloud changing {} times; both sides in the same run; release builds",
@@ -308,6 +316,14 @@ fn report(o: &Outcome, minutes: u64, cut_every: u64, output: Output) -> Result<(
             traffic[i].verbs_text()
         ));
     }
+    let n = |k: &str| shared[k].as_u64().unwrap_or(0);
+    report.line(&format!(
+        "  the hub's watch cache: {} lists and {} watches served from its sets; {} checks sent as the client (one-item lists, watches of no object), {} reads passed to the cloud",
+        n("lists_served"),
+        n("watches_served"),
+        n("checks"),
+        n("passed_to_cloud")
+    ));
     let equal = o.views.iter().filter(|(_, ok)| *ok).count();
     report.line(&format!(
         "  views equal to the cloud's at the end: {equal} of {}",
