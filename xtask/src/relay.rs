@@ -47,12 +47,14 @@ pub struct Relay {
     counts: Arc<Counts>,
 }
 
-/// Bytes relayed so far, each way, and the connections made.
+/// Bytes relayed so far, each way, the connections made, and those given up on while the
+/// link was silent (they never reached the cloud).
 #[derive(Default)]
-pub struct Counts {
-    pub to_cloud: AtomicU64,
-    pub from_cloud: AtomicU64,
-    pub connections: AtomicU64,
+struct Counts {
+    to_cloud: AtomicU64,
+    from_cloud: AtomicU64,
+    connections: AtomicU64,
+    abandoned: AtomicU64,
 }
 
 /// A snapshot of `Counts`.
@@ -61,6 +63,7 @@ pub struct Carried {
     pub to_cloud: u64,
     pub from_cloud: u64,
     pub connections: u64,
+    pub abandoned: u64,
 }
 
 impl Carried {
@@ -70,6 +73,7 @@ impl Carried {
             to_cloud: self.to_cloud - before.to_cloud,
             from_cloud: self.from_cloud - before.from_cloud,
             connections: self.connections - before.connections,
+            abandoned: self.abandoned - before.abandoned,
         }
     }
 }
@@ -150,6 +154,7 @@ impl Relay {
             to_cloud: c.to_cloud.load(Ordering::Relaxed),
             from_cloud: c.from_cloud.load(Ordering::Relaxed),
             connections: c.connections.load(Ordering::Relaxed),
+            abandoned: c.abandoned.load(Ordering::Relaxed),
         }
     }
 }
@@ -164,6 +169,7 @@ async fn accept_loop(
         let (link, counts) = (link.clone(), counts.clone());
         tokio::spawn(async move {
             let Some((client, held)) = wait_out_silence(client, link.clone()).await else {
+                counts.abandoned.fetch_add(1, Ordering::Relaxed);
                 return;
             };
             let Ok(mut server) = TcpStream::connect(target).await else {
@@ -220,8 +226,8 @@ async fn relay_connection(
         let (mut sr, mut sw) = server.split();
         let both_ways = async {
             tokio::join!(
-                pump(&mut cr, &mut sw, link.clone(), &counts.to_cloud),
-                pump(&mut sr, &mut cw, link.clone(), &counts.from_cloud),
+                pump(&mut cr, &mut sw, link.clone(), born, &counts.to_cloud),
+                pump(&mut sr, &mut cw, link.clone(), born, &counts.from_cloud),
             )
         };
         tokio::select! {
@@ -239,11 +245,12 @@ async fn relay_connection(
 }
 
 /// One direction: read, hold while the link is silent, count, write. Ends at EOF (passing
-/// the half-close on) or on an error.
+/// the half-close on) or on an error; what it held when its connection is cut is never sent.
 async fn pump(
     from: &mut (impl AsyncRead + Unpin),
     to: &mut (impl AsyncWrite + Unpin),
     mut link: watch::Receiver<Link>,
+    born: Link,
     count: &AtomicU64,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
@@ -252,8 +259,12 @@ async fn pump(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if link.wait_for(|l| !l.silent).await.is_err() {
-            break;
+        let alive = link
+            .wait_for(|l| !l.silent)
+            .await
+            .is_ok_and(|l| l.silences == born.silences && l.downs == born.downs);
+        if !alive {
+            return;
         }
         count.fetch_add(n as u64, Ordering::Relaxed);
         if to.write_all(&buf[..n]).await.is_err() {
@@ -261,4 +272,93 @@ async fn pump(
         }
     }
     let _ = to.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::ErrorKind;
+
+    use super::*;
+
+    /// An echo server on a fresh loopback port, in `rt`.
+    fn echo(rt: &Runtime) -> SocketAddr {
+        let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap();
+        rt.spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        addr
+    }
+
+    async fn echoed(s: &mut TcpStream, what: &[u8]) -> Vec<u8> {
+        s.write_all(what).await.unwrap();
+        let mut back = vec![0; what.len()];
+        tokio::time::timeout(Duration::from_secs(30), s.read_exact(&mut back))
+            .await
+            .expect("an echo within 30 s")
+            .unwrap();
+        back
+    }
+
+    #[test]
+    fn a_silence_holds_everything_counts_nothing_and_resets_the_connections_it_cut() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let relay = Relay::start(hub_tests::ports::free_port(), echo(&rt)).unwrap();
+        let addr = relay.addr;
+        let mut open = rt.block_on(TcpStream::connect(addr)).unwrap();
+        assert_eq!(rt.block_on(echoed(&mut open, b"hello")), b"hello");
+        let c = relay.carried();
+        assert_eq!((c.to_cloud, c.from_cloud, c.connections), (5, 5, 1));
+
+        relay.silence();
+        let mut waits = rt.block_on(async {
+            open.write_all(b"lost").await.unwrap();
+            let mut waits = TcpStream::connect(addr).await.unwrap();
+            waits.write_all(b"held").await.unwrap();
+            let mut gives_up = TcpStream::connect(addr).await.unwrap();
+            gives_up.write_all(b"never").await.unwrap();
+            drop(gives_up);
+            // Nothing comes back while silent.
+            let mut one = [0u8; 1];
+            let quiet = tokio::time::timeout(Duration::from_millis(300), open.read(&mut one));
+            assert!(quiet.await.is_err(), "an answer through a silent link");
+            waits
+        });
+        // The relay sees the third client give up before the link is back.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while relay.carried().abandoned < 1 {
+            assert!(
+                Instant::now() < deadline,
+                "the abandoned connection never noticed"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        relay.up().unwrap();
+
+        rt.block_on(async {
+            let mut rest = Vec::new();
+            let cut = tokio::time::timeout(Duration::from_secs(30), open.read_to_end(&mut rest))
+                .await
+                .expect("the cut connection ends within 30 s");
+            assert_eq!(cut.unwrap_err().kind(), ErrorKind::ConnectionReset);
+            let mut back = [0u8; 4];
+            tokio::time::timeout(Duration::from_secs(30), waits.read_exact(&mut back))
+                .await
+                .expect("the waiting connection goes through")
+                .unwrap();
+            assert_eq!(&back, b"held");
+        });
+        let c = relay.carried();
+        // "lost" and "never" were never carried; "held" both ways, on a second connection.
+        assert_eq!((c.to_cloud, c.from_cloud), (9, 9));
+        assert_eq!((c.connections, c.abandoned), (2, 1));
+    }
 }
