@@ -36,13 +36,11 @@ use std::{
 };
 
 use anyhow::Result;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::{Request, StatusCode};
+use hyper::StatusCode;
 
 use crate::{
     bench::{Http, Output, Report, Stack},
-    reflector::{Client, Encoding, Informer, JSON, PROTOBUF},
+    reflector::{Client, Encoding, Informer, PROTOBUF},
     relay::{Carried, Relay},
 };
 /// How long the link stays cut each time.
@@ -541,36 +539,16 @@ async fn churn(admin: &Http, direct: &str, span: Duration) -> Result<u64> {
 
 /// Creates service `churn-N` and deletes `churn-(N-1)` (N counts from 1).
 async fn replace_service(admin: &Http, direct: &str, n: u64) -> Result<()> {
-    let send = |method: &'static str, url: String, body: String| async move {
-        let req = Request::builder()
-            .method(method)
-            .uri(url)
-            .header(
-                "Authorization",
-                format!("Bearer {}", hub_tests::apiserver::ADMIN_TOKEN),
-            )
-            .header("Content-Type", JSON)
-            .body(Full::new(Bytes::from(body)).map_err(|n| match n {}).boxed())?;
-        let resp = admin.request(req).await?;
-        let status = resp.status();
-        resp.into_body().collect().await?;
-        anyhow::ensure!(status.is_success(), "{method} service: {status}");
-        anyhow::Ok(())
-    };
     let services = format!("{direct}/api/v1/namespaces/default/services");
     let service = serde_json::json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": format!("churn-{n}"), "namespace": "default"},
         "spec": {"ports": [{"port": 80, "protocol": "TCP"}], "selector": {"app": "churn"}},
     });
-    send("POST", services.clone(), service.to_string()).await?;
+    crate::bench_pool::admin_call(admin, "POST", services.clone(), &service.to_string()).await?;
     if n > 1 {
-        send(
-            "DELETE",
-            format!("{services}/churn-{}", n - 1),
-            String::new(),
-        )
-        .await?;
+        let gone = format!("{services}/churn-{}", n - 1);
+        crate::bench_pool::admin_call(admin, "DELETE", gone, "").await?;
     }
     Ok(())
 }

@@ -642,12 +642,18 @@ async fn cloud_traffic(admin: &crate::bench::Http, direct: &str) -> Result<(u64,
     Ok((sum("open_watches"), sum("bytes")))
 }
 
+/// One call as the stand-in's admin: a PATCH is a merge patch, anything else JSON.
 pub(crate) async fn admin_call(
     admin: &crate::bench::Http,
     method: &str,
     url: String,
     body: &str,
 ) -> Result<()> {
+    let content_type = if method == "PATCH" {
+        "application/merge-patch+json"
+    } else {
+        "application/json"
+    };
     let req = Request::builder()
         .method(method)
         .uri(url)
@@ -655,7 +661,7 @@ pub(crate) async fn admin_call(
             "Authorization",
             format!("Bearer {}", hub_tests::apiserver::ADMIN_TOKEN),
         )
-        .header("Content-Type", "application/merge-patch+json")
+        .header("Content-Type", content_type)
         .body(
             http_body_util::Full::new(Bytes::from(body.to_string()))
                 .map_err(|n| match n {})

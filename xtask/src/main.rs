@@ -156,14 +156,21 @@ fn build_ebpf() -> Result<PathBuf> {
     Ok(built)
 }
 
+/// The number after `flag` in `args`, or `default` when the flag is absent.
+fn number<T: std::str::FromStr>(args: &[String], flag: &str, default: T) -> Result<T>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    let Some(w) = args.windows(2).find(|w| w[0] == flag) else {
+        return Ok(default);
+    };
+    w[1].parse()
+        .with_context(|| format!("{flag} takes a number, not {}", w[1]))
+}
+
 fn bench_cmd(args: &[String]) -> Result<()> {
     let what = args.first().map(String::as_str).unwrap_or("intercept");
-    let rounds = args
-        .windows(2)
-        .find(|w| w[0] == "--rounds")
-        .map(|w| w[1].parse())
-        .transpose()?
-        .unwrap_or(2000);
+    let rounds = number(args, "--rounds", 2000)?;
     let mut build = cargo();
     build.args([
         "build",
@@ -190,18 +197,8 @@ fn bench_cmd(args: &[String]) -> Result<()> {
         std::env::set_var("HUB_BIN", release.join("hub"));
         std::env::set_var("HUB_PROBE_BIN", release.join("hub-probe"));
     }
-    let minutes = args
-        .windows(2)
-        .find(|w| w[0] == "--minutes")
-        .map(|w| w[1].parse())
-        .transpose()?
-        .unwrap_or(60);
-    let cut_every = args
-        .windows(2)
-        .find(|w| w[0] == "--cut-every")
-        .map(|w| w[1].parse())
-        .transpose()?
-        .unwrap_or(600);
+    let minutes = number(args, "--minutes", 60)?;
+    let cut_every = number(args, "--cut-every", 600)?;
     bench::run(what, rounds, minutes, cut_every, output)
 }
 

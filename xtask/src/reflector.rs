@@ -90,6 +90,47 @@ pub struct View {
     resource_version: String,
 }
 
+impl View {
+    /// Applies one event; `fresh` is the view a watch-list is building until its
+    /// initial-events-end bookmark. Returns how the watch ended, if this event ends it.
+    fn apply(
+        &mut self,
+        event: Event,
+        fresh: &mut Option<BTreeMap<String, Held>>,
+    ) -> Result<Option<Ended>> {
+        let view = self;
+        match event.kind.as_str() {
+            "ERROR" => {
+                return Ok(Some(if event.code == 410 {
+                    Ended::Expired
+                } else {
+                    Ended::Failed(format!("ERROR event {}", event.code))
+                }));
+            }
+            "BOOKMARK" => {
+                view.resource_version = event.resource_version;
+                if event.initial_events_end
+                    && let Some(objects) = fresh.take()
+                {
+                    view.objects = objects;
+                }
+            }
+            "ADDED" | "MODIFIED" => {
+                let objects = fresh.as_mut().unwrap_or(&mut view.objects);
+                objects.insert(event.key, event.object);
+                view.resource_version = event.resource_version;
+            }
+            "DELETED" => {
+                let objects = fresh.as_mut().unwrap_or(&mut view.objects);
+                objects.remove(&event.key);
+                view.resource_version = event.resource_version;
+            }
+            other => anyhow::bail!("unknown event type {other}"),
+        }
+        Ok(None)
+    }
+}
+
 #[derive(Default)]
 pub struct Stats {
     pub relists: AtomicU64,
@@ -275,7 +316,7 @@ impl Informer {
             buf.extend_from_slice(&data);
             let (events, used) = split_events(&buf, self.encoding);
             for event in events {
-                match self.apply(event, &mut fresh) {
+                match self.view.lock().unwrap().apply(event, &mut fresh) {
                     Ok(None) => {}
                     Ok(Some(ended)) => return ended,
                     Err(e) => return Ended::Failed(format!("event: {e:#}")),
@@ -283,45 +324,6 @@ impl Informer {
             }
             buf.drain(..used);
         }
-    }
-
-    /// Applies one event; `fresh` is the view a watch-list is building until its
-    /// initial-events-end bookmark. Returns how the watch ended, if this event ends it.
-    fn apply(
-        &self,
-        event: Event,
-        fresh: &mut Option<BTreeMap<String, Held>>,
-    ) -> Result<Option<Ended>> {
-        let mut view = self.view.lock().unwrap();
-        match event.kind.as_str() {
-            "ERROR" => {
-                return Ok(Some(if event.code == 410 {
-                    Ended::Expired
-                } else {
-                    Ended::Failed(format!("ERROR event {}", event.code))
-                }));
-            }
-            "BOOKMARK" => {
-                view.resource_version = event.resource_version;
-                if event.initial_events_end
-                    && let Some(objects) = fresh.take()
-                {
-                    view.objects = objects;
-                }
-            }
-            "ADDED" | "MODIFIED" => {
-                let objects = fresh.as_mut().unwrap_or(&mut view.objects);
-                objects.insert(event.key, event.object);
-                view.resource_version = event.resource_version;
-            }
-            "DELETED" => {
-                let objects = fresh.as_mut().unwrap_or(&mut view.objects);
-                objects.remove(&event.key);
-                view.resource_version = event.resource_version;
-            }
-            other => anyhow::bail!("unknown event type {other}"),
-        }
-        Ok(None)
     }
 
     /// The cloud's answer to this informer's collection now, as the informer holds it.
@@ -516,4 +518,88 @@ fn semantic(mut object: Value) -> Value {
     }
     prune(&mut object);
     object
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A recorded answer's body, fed in pieces of `piece` bytes through the informer's
+    /// parsing as a watch-list: its view (keys and resourceVersion) as the initial-events
+    /// end put it in place, and the view after every event.
+    fn watch_list(name: &str, encoding: Encoding, piece: usize) -> (View, View) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/wire/kube-apiserver-1.36")
+            .join(name);
+        let body = std::fs::read(dir.join("response.body")).unwrap();
+        let (mut view, mut fresh) = (View::default(), Some(BTreeMap::new()));
+        let mut at_end = None;
+        let mut buf = Vec::new();
+        for chunk in body.chunks(piece) {
+            buf.extend_from_slice(chunk);
+            let (events, used) = split_events(&buf, encoding);
+            for event in events {
+                let end = event.initial_events_end;
+                assert!(view.apply(event, &mut fresh).unwrap().is_none());
+                if end {
+                    at_end = Some(View {
+                        objects: view.objects.clone(),
+                        resource_version: view.resource_version.clone(),
+                    });
+                }
+            }
+            buf.drain(..used);
+        }
+        assert!(buf.is_empty(), "{name}: a partial event left over");
+        (at_end.expect("an initial-events-end bookmark"), view)
+    }
+
+    #[test]
+    fn a_recorded_watch_list_builds_the_same_view_in_both_encodings() {
+        let (json_end, json_after) =
+            watch_list("watchlist-pods-nodename-json", Encoding::Json, 1000);
+        let (pb_end, pb_after) =
+            watch_list("watchlist-pods-nodename-protobuf", Encoding::Protobuf, 4096);
+        // The recording's own end bookmark, read apart from the informer's parser.
+        let body = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(
+            "../tests/fixtures/wire/kube-apiserver-1.36/watchlist-pods-nodename-json/response.body",
+        ))
+        .unwrap();
+        let end: Value = body
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .find(|e| e["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"] == "true")
+            .unwrap();
+        let end_rv = end["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap();
+        assert_eq!(json_end.resource_version, end_rv);
+        // The two encodings were recorded apart (their versions differ), of the same pods.
+        assert_eq!(json_end.objects.len(), 1035);
+        let keys = |v: &View| v.objects.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(&json_end), keys(&pb_end));
+        // The whole JSON stream, followed apart from the informer's parser.
+        let mut held = std::collections::BTreeSet::new();
+        let mut last_rv = String::new();
+        for e in body
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        {
+            let meta = &e["object"]["metadata"];
+            let key = format!(
+                "{}/{}",
+                meta["namespace"].as_str().unwrap_or(""),
+                meta["name"].as_str().unwrap_or("")
+            );
+            match e["type"].as_str().unwrap() {
+                "ADDED" | "MODIFIED" => drop(held.insert(key)),
+                "DELETED" => drop(held.remove(&key)),
+                _ => {}
+            }
+            last_rv = meta["resourceVersion"].as_str().unwrap().to_string();
+        }
+        assert_eq!(keys(&json_after), held.into_iter().collect::<Vec<_>>());
+        assert_eq!(json_after.resource_version, last_rv);
+        assert!(!pb_after.objects.is_empty());
+    }
 }
