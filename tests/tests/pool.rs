@@ -1373,7 +1373,7 @@ fn a_resource_configured_not_pushed_never_reaches_the_pool() {
     );
     let c = kubelet_of(&node, &ca, &pki);
     // The ConfigMap is read (and cached) first: the single cache writer has stored it
-    // before it stores the node, so the push that carries the node has seen it too.
+    // before the pods, so the pass that pushes the pods has seen it too.
     for path in [
         "/api/v1/namespaces/default/configmaps/conf",
         "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-0",
@@ -1392,12 +1392,17 @@ fn a_resource_configured_not_pushed_never_reaches_the_pool() {
             .unwrap();
         assert_eq!(r.status, 200, "{path}");
     }
+    // One pass pushes its sets one after another (nodes before pods): wait for the pods.
     wait_for(
-        "the node pushed to the pool",
+        "the pods pushed to the pool",
         Duration::from_secs(60),
-        || (!etcd.keys("/registry/minions/").is_empty()).then_some(()),
+        || (!etcd.keys("/registry/pods/").is_empty()).then_some(()),
     );
     assert_eq!(etcd.keys("/registry/pods/"), ["/registry/pods/default/app"]);
+    assert_eq!(
+        etcd.keys("/registry/minions/"),
+        ["/registry/minions/node-0"]
+    );
     assert_eq!(
         etcd.keys("/registry/configmaps/"),
         Vec::<String>::new(),
