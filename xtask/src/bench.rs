@@ -10,10 +10,15 @@ use hub_tests::{
 };
 use serde_json::Value;
 
-/// `cut_every`: seconds between the edge link's cuts (`bench edge`).
-pub fn run(what: &str, rounds: usize, minutes: u64, cut_every: u64, output: Output) -> Result<()> {
+/// `edge`: how `bench edge` runs (minutes, cuts, the cluster's size).
+pub fn run(
+    what: &str,
+    rounds: usize,
+    edge: crate::bench_edge::Shape,
+    output: Output,
+) -> Result<()> {
     match what {
-        "edge" => crate::bench_edge::edge(minutes, cut_every, output),
+        "edge" => crate::bench_edge::edge(edge, output),
         "intercept" => intercept(rounds, output),
         "proxy" => crate::bench_proxy::proxy(rounds, output),
         "cache" => crate::bench_cache::cache(rounds, output),
@@ -367,16 +372,16 @@ pub enum Output {
 /// A benchmark's figures: rows of values per process, grouped in sections, printed as
 /// they come and, with `--output json`, as one document at the end.
 pub struct Report {
-    bench: &'static str,
+    bench: String,
     output: Output,
     section: String,
     rows: Vec<Value>,
 }
 
 impl Report {
-    pub fn new(bench: &'static str, output: Output) -> Report {
+    pub fn new(bench: impl Into<String>, output: Output) -> Report {
         Report {
-            bench,
+            bench: bench.into(),
             output,
             section: String::new(),
             rows: Vec::new(),

@@ -1,4 +1,4 @@
-//! `cargo xtask bench edge [--minutes N] [--cut-every S]`: what one node's clients cost the
+//! `cargo xtask bench edge [--minutes N] [--cut-every S] [--services N]`: what one node's clients cost the
 //! edge link, counted on the wire, straight to the cloud and through the hub, side by side in
 //! the same run while the link is cut every S seconds (default 600) for 30 s.
 //!
@@ -71,7 +71,26 @@ const SIDES: [Side; 2] = [
 ];
 const AGENTS: [&str; 4] = ["kube-proxy", "coredns", "flanneld", "operator-agent"];
 
-pub fn edge(minutes: u64, cut_every: u64, output: Output) -> Result<()> {
+/// The services (each with one EndpointSlice) the cloud holds unless told otherwise.
+pub const SERVICES: u64 = 50;
+
+/// How a run goes: for how long, how often the link is cut, how large the cluster is.
+#[derive(Clone, Copy)]
+pub struct Shape {
+    pub minutes: u64,
+    /// Seconds between the link's cuts.
+    pub cut_every: u64,
+    /// The cloud's services, each with an EndpointSlice (the shared sets' size).
+    pub services: u64,
+}
+
+pub fn edge(shape: Shape, output: Output) -> Result<()> {
+    let Shape {
+        minutes,
+        cut_every,
+        services,
+    } = shape;
+    let services_arg = services.to_string();
     let tokens: Vec<String> = SIDES
         .iter()
         .flat_map(|s| AGENTS.iter().map(move |a| format!("{a}-{}", s.tokens)))
@@ -82,7 +101,7 @@ pub fn edge(minutes: u64, cut_every: u64, output: Output) -> Result<()> {
         "--pods-per-node",
         "30",
         "--services",
-        "50",
+        &services_arg,
         "--configmaps",
         "20",
         "--hub-pki",
@@ -143,8 +162,9 @@ pub fn edge(minutes: u64, cut_every: u64, output: Output) -> Result<()> {
             tasks.spawn(async move { renew_lease(kubelet, node, &stop, side_leases).await });
         }
         let cuts = cut_the_link(&relays, span, Duration::from_secs(cut_every));
-        let churned = churn(&admin, &stack.direct, span);
-        let (cuts, churned) = tokio::join!(cuts, churned);
+        let churned = churn(&admin, &stack.direct, span, services);
+        let warm = warmed_up(&admin, &stack.direct, &relays, &informers, span);
+        let (cuts, churned, warm) = tokio::join!(cuts, churned, warm);
         let churned = churned?;
         eprintln!("bench edge: {cuts} cuts, the cloud made {churned} changes; settling");
         let views = settle(&admin, &stack.direct, &informers).await;
@@ -158,6 +178,16 @@ pub fn edge(minutes: u64, cut_every: u64, output: Output) -> Result<()> {
             churned,
             views,
             carried: [0, 1].map(|i| carried[i].since(before[i])),
+            warm: warm?.map(|w| Warm {
+                carried: [0, 1].map(|i| carried[i].since(w.carried[i])),
+                traffic: (traffic.iter())
+                    .map(|(user, t)| {
+                        let then = w.traffic.get(user).cloned().unwrap_or_default();
+                        (user.clone(), t.since(&then))
+                    })
+                    .collect(),
+                ..w
+            }),
             traffic,
             informers,
             leases,
@@ -165,7 +195,7 @@ pub fn edge(minutes: u64, cut_every: u64, output: Output) -> Result<()> {
     })?;
     let shared = hub.status()["node_watch_cache"].clone();
     drop(hub);
-    report(&outcome, &shared, minutes, cut_every, output)?;
+    report(&outcome, &shared, &shape, output)?;
     let unequal: Vec<&String> = outcome
         .views
         .iter()
@@ -187,14 +217,57 @@ struct Outcome {
     views: Vec<(String, bool)>,
     carried: [Carried; 2],
     traffic: BTreeMap<String, crate::bench_pool::UserTraffic>,
+    /// The same counts from the moment every client had its first view on.
+    warm: Option<Warm>,
     informers: Vec<Arc<Informer>>,
     leases: [Arc<Leases>; 2],
 }
 
+/// What the link carried from a moment on (or, as read then, up to it).
+struct Warm {
+    /// Seconds into the run.
+    at: f64,
+    carried: [Carried; 2],
+    traffic: BTreeMap<String, crate::bench_pool::UserTraffic>,
+}
+
+/// Waits until every informer has had its first view (within `span`) and reads what the
+/// link has carried by then; None if some informer never had one.
+async fn warmed_up(
+    admin: &Http,
+    direct: &str,
+    relays: &[Relay; 2],
+    informers: &[Arc<Informer>],
+    span: Duration,
+) -> Result<Option<Warm>> {
+    let started = Instant::now();
+    while !informers
+        .iter()
+        .all(|i| i.stats.synced.load(Ordering::Relaxed))
+    {
+        if started.elapsed() > span {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let carried = relays.each_ref().map(Relay::carried);
+    let traffic = crate::bench_pool::traffic_by_user(admin, direct).await?;
+    let at = started.elapsed().as_secs_f64();
+    eprintln!("bench edge: every client has its first view ({at:.1} s)");
+    Ok(Some(Warm {
+        at,
+        carried,
+        traffic,
+    }))
+}
+
 /// The cloud's counts for one side: its node's identity and its agents' tokens.
-fn side_traffic(o: &Outcome, side: &Side) -> crate::bench_pool::UserTraffic {
+fn side_traffic(
+    traffic: &BTreeMap<String, crate::bench_pool::UserTraffic>,
+    side: &Side,
+) -> crate::bench_pool::UserTraffic {
     let mut sum = crate::bench_pool::UserTraffic::default();
-    for (user, t) in &o.traffic {
+    for (user, t) in traffic {
         let ours = *user == format!("system:node:{}", side.node)
             || AGENTS
                 .iter()
@@ -207,19 +280,23 @@ fn side_traffic(o: &Outcome, side: &Side) -> crate::bench_pool::UserTraffic {
 }
 
 /// `shared`: the hub's node-level watch cache, from its status.
-fn report(
-    o: &Outcome,
-    shared: &serde_json::Value,
-    minutes: u64,
-    cut_every: u64,
-    output: Output,
-) -> Result<()> {
-    let mut report = Report::new("edge", output);
+fn report(o: &Outcome, shared: &serde_json::Value, shape: &Shape, output: Output) -> Result<()> {
+    let Shape {
+        minutes,
+        cut_every,
+        services,
+    } = *shape;
+    // Another cluster is another table: its figures are not runs of the same bench.
+    let name = match services {
+        SERVICES => "edge".to_string(),
+        n => format!("edge-{n}-services"),
+    };
+    let mut report = Report::new(name, output);
     report.line(&format!(
-        "bench edge: one node's kubelet 1.36, kube-proxy, CoreDNS, CNI agent and operator's agent for {minutes} min, the link cut {} times ({CUT_SECONDS} s, every {cut_every} s), the cloud changing {} times; both sides in the same run; release builds",
+        "bench edge: one node's kubelet 1.36, kube-proxy, CoreDNS, CNI agent and operator's agent for {minutes} min, the link cut {} times ({CUT_SECONDS} s, every {cut_every} s), {services} services with their EndpointSlices, the cloud changing {} times; both sides in the same run; release builds",
         o.cuts, o.churned
     ));
-    let traffic = SIDES.each_ref().map(|s| side_traffic(o, s));
+    let traffic = SIDES.each_ref().map(|s| side_traffic(&o.traffic, s));
     let row = |f: &dyn Fn(usize) -> f64| {
         SIDES
             .iter()
@@ -278,6 +355,62 @@ fn report(
             "requests",
             row(&|i| traffic[i].verb(verb) as f64),
             false,
+        );
+    }
+    // The recurring cost: what came after each side's first lists, which a node pays once
+    // per start.
+    if let Some(w) = &o.warm {
+        let after = SIDES.each_ref().map(|s| side_traffic(&w.traffic, s));
+        report.section(&format!(
+            "from every client's first view on ({:.1} s into the run)",
+            w.at
+        ));
+        let wire = &w.carried;
+        report.row(
+            "bytes on the wire",
+            "MiB",
+            row(&|i| mib(wire[i].to_cloud + wire[i].from_cloud)),
+            true,
+        );
+        report.row(
+            "bytes from the cloud",
+            "MiB",
+            row(&|i| mib(wire[i].from_cloud)),
+            true,
+        );
+        report.row(
+            "requests, all verbs",
+            "requests",
+            row(&|i| after[i].requests as f64),
+            true,
+        );
+        report.row(
+            "list requests",
+            "requests",
+            row(&|i| after[i].verb("list") as f64),
+            true,
+        );
+        report.row(
+            "relists (lists and watch-lists)",
+            "requests",
+            row(&|i| (after[i].verb("list") + after[i].watch_lists) as f64),
+            true,
+        );
+    }
+    // Where the cloud's answers went, largest first (the rest is framing, TLS and headers).
+    report.section("response bodies from the cloud, by what");
+    let mut totals: BTreeMap<&String, u64> = BTreeMap::new();
+    for (what, n) in traffic.iter().flat_map(|t| &t.bytes_by) {
+        *totals.entry(what).or_default() += n;
+    }
+    let mut kinds: Vec<(&String, u64)> = totals.into_iter().collect();
+    kinds.sort_by_key(|(_, total)| std::cmp::Reverse(*total));
+    for (what, _) in kinds.iter().take(10) {
+        report.row(
+            what,
+            "KiB",
+            row(&|i| traffic[i].bytes_by.get(*what).copied().unwrap_or(0) as f64 / 1024.0),
+            true,
         );
     }
     report.section("what the clients saw");
@@ -491,7 +624,7 @@ async fn renew_lease(
 /// The cloud's side of the run (by the admin, whose traffic is no node's): a pod of each
 /// node every 10 s, an EndpointSlice every 30 s, a ConfigMap and a Node every minute, a
 /// service replaced every 2 minutes. Returns how many changes it made.
-async fn churn(admin: &Http, direct: &str, span: Duration) -> Result<u64> {
+async fn churn(admin: &Http, direct: &str, span: Duration, services: u64) -> Result<u64> {
     let started = Instant::now();
     let mut tick = 0u64;
     let mut changes = 0u64;
@@ -514,7 +647,7 @@ async fn churn(admin: &Http, direct: &str, span: Duration) -> Result<u64> {
         if tick.is_multiple_of(3) {
             let slice = format!(
                 "{direct}/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/svc-{}-abc12",
-                tick % 50
+                tick % services.clamp(1, 50)
             );
             patch(slice, mark.clone()).await?;
             changes += 1;

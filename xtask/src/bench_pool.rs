@@ -530,6 +530,8 @@ pub(crate) struct UserTraffic {
     /// Watches that began with the whole state (`sendInitialEvents=true`).
     pub watch_lists: u64,
     pub verbs: std::collections::BTreeMap<String, u64>,
+    /// Response body bytes by "verb resource".
+    pub bytes_by: std::collections::BTreeMap<String, u64>,
 }
 
 impl UserTraffic {
@@ -540,6 +542,26 @@ impl UserTraffic {
         self.watch_lists += other.watch_lists;
         for (verb, n) in &other.verbs {
             *self.verbs.entry(verb.clone()).or_default() += n;
+        }
+        for (what, n) in &other.bytes_by {
+            *self.bytes_by.entry(what.clone()).or_default() += n;
+        }
+    }
+
+    /// What was counted after `before` (an earlier reading of the same user).
+    pub(crate) fn since(&self, before: &UserTraffic) -> UserTraffic {
+        let minus = |now: &std::collections::BTreeMap<String, u64>,
+                     then: &std::collections::BTreeMap<String, u64>| {
+            now.iter()
+                .map(|(k, n)| (k.clone(), n - then.get(k).copied().unwrap_or(0)))
+                .collect()
+        };
+        UserTraffic {
+            requests: self.requests - before.requests,
+            bytes: self.bytes - before.bytes,
+            watch_lists: self.watch_lists - before.watch_lists,
+            verbs: minus(&self.verbs, &before.verbs),
+            bytes_by: minus(&self.bytes_by, &before.bytes_by),
         }
     }
 
@@ -594,17 +616,19 @@ pub(crate) async fn traffic_by_user(
         .into_iter()
         .flatten()
         .map(|(user, t)| {
-            let verbs = t["verbs"]
-                .as_object()
-                .into_iter()
-                .flatten()
-                .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
-                .collect();
+            let counts = |v: &serde_json::Value| {
+                v.as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
+                    .collect()
+            };
             let traffic = UserTraffic {
                 requests: t["requests"].as_u64().unwrap_or(0),
                 bytes: t["bytes"].as_u64().unwrap_or(0),
                 watch_lists: t["watch_lists"].as_u64().unwrap_or(0),
-                verbs,
+                verbs: counts(&t["verbs"]),
+                bytes_by: counts(&t["bytes_by"]),
             };
             (user.clone(), traffic)
         })

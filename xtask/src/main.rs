@@ -41,6 +41,8 @@ commands:
                watch-cache);
                --rounds N; --minutes N (edge: how long it runs, default 60);
                --cut-every S (edge: seconds between the link's 30 s cuts, default 600);
+               --services N (edge: the cloud's services, each with its EndpointSlice,
+               default 50; another count is reported as edge-N-services);
                --output json: the figures as one JSON document on stdout
   bench-doc    rebuild the tables of docs/benchmarks.md from the runs kept in docs/bench/
                (JSON from bench --output json); --check fails if the document differs
@@ -65,7 +67,13 @@ commands:
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // `--help` anywhere prints the usage: `bench edge --help` must not start an hour's run.
+    let help = args.iter().any(|a| a == "-h" || a == "--help");
     let result = match args.first().map(String::as_str) {
+        _ if help => {
+            println!("{USAGE}");
+            Ok(())
+        }
         Some("build-ebpf") => build_ebpf().map(drop),
         Some("test") => test(args.iter().any(|a| a == "--no-lint")),
         Some("lint") => lint(),
@@ -80,7 +88,7 @@ fn main() {
         Some("soak") => build_bins().and_then(|()| soak::run(&args[1..])),
         Some("fuzz") => build_bins().and_then(|()| fuzz(&args[1..])),
         Some("demo") => build_bins().and_then(|()| demo::run(args.iter().any(|a| a == "--step"))),
-        Some("-h" | "--help" | "help") => {
+        Some("help") => {
             println!("{USAGE}");
             Ok(())
         }
@@ -197,9 +205,12 @@ fn bench_cmd(args: &[String]) -> Result<()> {
         std::env::set_var("HUB_BIN", release.join("hub"));
         std::env::set_var("HUB_PROBE_BIN", release.join("hub-probe"));
     }
-    let minutes = number(args, "--minutes", 60)?;
-    let cut_every = number(args, "--cut-every", 600)?;
-    bench::run(what, rounds, minutes, cut_every, output)
+    let edge = bench_edge::Shape {
+        minutes: number(args, "--minutes", 60)?,
+        cut_every: number(args, "--cut-every", 600)?,
+        services: number(args, "--services", bench_edge::SERVICES)?,
+    };
+    bench::run(what, rounds, edge, output)
 }
 
 /// The binaries tests and the demo start: hub and hub-probe.

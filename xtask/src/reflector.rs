@@ -135,6 +135,8 @@ impl View {
 pub struct Stats {
     pub relists: AtomicU64,
     pub failures: AtomicU64,
+    /// It has had its first whole view (a list, or a watch-list's initial events).
+    pub synced: AtomicBool,
 }
 
 /// One informer of one client, driven as client-go's reflector drives it.
@@ -277,6 +279,7 @@ impl Informer {
             objects,
             resource_version,
         };
+        self.stats.synced.store(true, Ordering::Relaxed);
         Ok(())
     }
 
@@ -317,6 +320,9 @@ impl Informer {
             let (events, used) = split_events(&buf, self.encoding);
             for event in events {
                 match self.view.lock().unwrap().apply(event, &mut fresh) {
+                    Ok(None) if initial && fresh.is_none() => {
+                        self.stats.synced.store(true, Ordering::Relaxed);
+                    }
                     Ok(None) => {}
                     Ok(Some(ended)) => return ended,
                     Err(e) => return Ended::Failed(format!("event: {e:#}")),

@@ -23,6 +23,8 @@ struct Counters {
     watch_lists: AtomicU64,
     open_watches: AtomicU64,
     bytes: AtomicU64,
+    /// Response body bytes by "verb resource" (`watch pods`, `update leases`).
+    bytes_by: Mutex<BTreeMap<String, Arc<AtomicU64>>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -35,6 +37,8 @@ pub struct UserTraffic {
     pub watch_lists: u64,
     pub open_watches: u64,
     pub bytes: u64,
+    /// Response body bytes by "verb resource", where they went.
+    pub bytes_by: BTreeMap<String, u64>,
 }
 
 #[derive(Default)]
@@ -43,6 +47,8 @@ pub struct Traffic(Mutex<BTreeMap<String, Arc<Counters>>>);
 /// Counts one response of a user as its body is sent.
 pub struct Counter {
     counters: Arc<Counters>,
+    /// This response's "verb resource" total.
+    bytes_of_kind: Arc<AtomicU64>,
     watch: bool,
 }
 
@@ -72,12 +78,15 @@ impl Traffic {
             .or_default()
             .clone();
         counters.requests.fetch_add(1, Ordering::Relaxed);
-        *counters
-            .verbs
+        let verb = verb(method, path, watch);
+        *counters.verbs.lock().unwrap().entry(verb).or_default() += 1;
+        let bytes_of_kind = counters
+            .bytes_by
             .lock()
             .unwrap()
-            .entry(verb(method, path, watch))
-            .or_default() += 1;
+            .entry(format!("{verb} {}", resource(path)))
+            .or_default()
+            .clone();
         if watch {
             counters.watches.fetch_add(1, Ordering::Relaxed);
             counters.open_watches.fetch_add(1, Ordering::Relaxed);
@@ -85,7 +94,11 @@ impl Traffic {
         if watch && watch_list {
             counters.watch_lists.fetch_add(1, Ordering::Relaxed);
         }
-        Counter { counters, watch }
+        Counter {
+            counters,
+            bytes_of_kind,
+            watch,
+        }
     }
 
     pub fn report(&self) -> BTreeMap<String, UserTraffic> {
@@ -102,6 +115,9 @@ impl Traffic {
                     watch_lists: l(&c.watch_lists),
                     open_watches: l(&c.open_watches),
                     bytes: l(&c.bytes),
+                    bytes_by: (c.bytes_by.lock().unwrap().iter())
+                        .map(|(k, n)| (k.clone(), l(n)))
+                        .collect(),
                 };
                 (u.clone(), t)
             })
@@ -116,7 +132,26 @@ impl Traffic {
             c.watches.store(0, Ordering::Relaxed);
             c.watch_lists.store(0, Ordering::Relaxed);
             c.bytes.store(0, Ordering::Relaxed);
+            c.bytes_by.lock().unwrap().clear();
         }
+    }
+}
+
+/// The resource a request is about (`pods`, `pods/status`), or its path when it is none.
+fn resource(path: &str) -> String {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let rest = match segs.as_slice() {
+        ["api", _, rest @ ..] | ["apis", _, _, rest @ ..] => rest,
+        _ => return path.to_string(),
+    };
+    let rest = match rest {
+        ["namespaces", _ns, rest @ ..] if !rest.is_empty() => rest,
+        _ => rest,
+    };
+    match rest {
+        [] => "discovery".into(),
+        [resource] | [resource, _] => resource.to_string(),
+        [resource, _, sub, ..] => format!("{resource}/{sub}"),
     }
 }
 
@@ -176,10 +211,9 @@ impl<B: HttpBody<Data = Bytes> + Unpin> HttpBody for Counted<B> {
         if let Poll::Ready(Some(Ok(f))) = &polled
             && let Some(d) = f.data_ref()
         {
-            self.counter
-                .counters
-                .bytes
-                .fetch_add(d.len() as u64, Ordering::Relaxed);
+            let n = d.len() as u64;
+            self.counter.counters.bytes.fetch_add(n, Ordering::Relaxed);
+            self.counter.bytes_of_kind.fetch_add(n, Ordering::Relaxed);
         }
         polled
     }
