@@ -380,6 +380,52 @@ fn a_cloud_without_http2_is_reached_over_http11() {
     assert_eq!(ev["object"]["metadata"]["name"], "over-h1");
 }
 
+/// A list that may be large reaches the cloud over HTTP/1.1, where kube-apiserver writes it
+/// in full buffers; one object, a one-item list and a watch share the HTTP/2 connection.
+/// The client gets the cloud's answer byte for byte either way.
+#[test]
+fn whole_lists_reach_the_cloud_over_http11_and_the_rest_over_http2() {
+    let s = setup(1);
+    let cloud = &s.clouds[0];
+    for i in 0..30 {
+        let data = json!({"i": i.to_string()});
+        seed::configmap(&cloud.state.store, "default", &format!("cm-{i}"), data);
+    }
+    let c = s.client(Some(ADMIN_TOKEN), false);
+    let direct = Client::new(cloud.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
+    let over = |path: &str, http2: bool| {
+        let (through, straight) = (c.get(path), direct.get(path));
+        assert_eq!(through.status, 200, "{path}");
+        assert_eq!(
+            through.body, straight.body,
+            "{path}: the cloud's answer as it is"
+        );
+        // The hub's request, then the direct one.
+        let asked: Vec<_> = cloud
+            .audit()
+            .into_iter()
+            .filter(|a| a.path == path)
+            .collect();
+        let [.., through_hub, _] = asked.as_slice() else {
+            panic!("{path}: the cloud saw {asked:?}");
+        };
+        assert_eq!(through_hub.http2, http2, "{path}: over HTTP/2 is {http2}");
+    };
+    let cms = "/api/v1/namespaces/default/configmaps";
+    over(cms, false);
+    over(&format!("{cms}?limit=500"), false);
+    over(&format!("{cms}?limit=1"), true);
+    over(&format!("{cms}/cm-7"), true);
+    let rv = cloud.state.store.current_rv();
+    let watch = format!("{cms}?watch=true&resourceVersion={rv}");
+    let mut w = c.stream(&watch);
+    assert_eq!(w.status, 200);
+    assert!(last_audit(cloud, &watch).http2, "a watch over HTTP/2");
+    seed::configmap(&cloud.state.store, "default", "late", json!({}));
+    let ev = w.next_event(Duration::from_secs(10)).expect("the event");
+    assert_eq!(ev["object"]["metadata"]["name"], "late");
+}
+
 /// A TCP relay in front of a cloud server that can go silent on the connections it carries,
 /// as a dead link does: bytes go in, nothing comes out, no FIN or RST. New connections pass.
 struct DeadLink {

@@ -245,6 +245,12 @@ impl Informer {
                     (relist, consistent) = (false, false);
                 }
                 Ended::Expired => {
+                    if std::env::var_os("HUB_BENCH_VERBOSE").is_some() {
+                        eprintln!(
+                            "{} {} {}: 410 Gone",
+                            self.side, self.client.agent, self.path
+                        );
+                    }
                     (relist, consistent) = (true, true);
                 }
                 Ended::Failed(why) => {

@@ -116,6 +116,17 @@ pub async fn forward(
     forward_parts(cloud, &parts, body, who).await
 }
 
+/// A list whose answer may be large: no `limit`, or one above a page of 100. A one-item
+/// list (the watch cache's check) is not worth a connection of its own.
+fn may_be_large(parts: &hyper::http::request::Parts) -> bool {
+    let query = parts.uri.query().unwrap_or("");
+    let info = super::request::RequestInfo::parse(&parts.method, parts.uri.path(), query);
+    let limit: u64 = super::request::query_param(query, "limit")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0);
+    info.is_resource && info.verb == "list" && !(1..=100).contains(&limit)
+}
+
 /// Sends a request whose body is already read.
 pub async fn forward_parts(
     cloud: &Cloud,
@@ -129,11 +140,15 @@ pub async fn forward_parts(
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
     let drop_auth = who == AsWho::Node;
+    let bulk = may_be_large(parts);
     let (resp, server) = cloud
         .send(who, |server| {
             let mut b = Request::builder()
                 .method(parts.method.clone())
                 .uri(server.uri(path.clone()));
+            if bulk {
+                b = b.extension(crate::upstream::cloud::Bulk);
+            }
             copy_headers(&parts.headers, b.headers_mut()?, false, drop_auth);
             b.body(body.clone()).ok()
         })

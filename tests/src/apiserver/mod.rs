@@ -112,6 +112,8 @@ pub struct AuditEntry {
     pub path: String,
     /// The Authorization header was a bearer token (not a client certificate).
     pub bearer: bool,
+    /// It came over HTTP/2 (else HTTP/1.1).
+    pub http2: bool,
 }
 
 pub struct State {
@@ -484,6 +486,7 @@ async fn route(
                 .path_and_query()
                 .map_or(path.clone(), |p| p.to_string()),
             bearer: bearer.is_some(),
+            http2: req.version() == hyper::Version::HTTP_2,
         });
     }
     let has = |params: &[&str]| {
