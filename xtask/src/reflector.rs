@@ -267,20 +267,32 @@ impl Informer {
         Ok(())
     }
 
-    /// A LIST in pages of 500 from `rv`, replacing the view.
+    /// A LIST in pages of 500 from `rv` (client-go's pager: the first page at `rv`, the
+    /// next ones by their continue token), replacing the view.
     async fn list(&self, rv: &str) -> Result<()> {
-        let mut q = String::from("limit=500");
-        if !rv.is_empty() {
-            q += &format!("&resourceVersion={rv}");
-        }
-        let resp = self
-            .client
-            .send("GET", &self.with(&q), self.accept(), None)
-            .await?;
-        let status = resp.status();
-        let body = resp.into_body().collect().await?.to_bytes();
-        anyhow::ensure!(status == StatusCode::OK, "list: {status}");
-        let (objects, resource_version) = parse_list(&body, self.encoding)?;
+        let mut objects = BTreeMap::new();
+        let mut next = String::new();
+        let resource_version = loop {
+            let mut q = String::from("limit=500");
+            if !next.is_empty() {
+                q += &format!("&continue={}", hub::proxy::request::percent_encode(&next));
+            } else if !rv.is_empty() {
+                q += &format!("&resourceVersion={rv}");
+            }
+            let resp = self
+                .client
+                .send("GET", &self.with(&q), self.accept(), None)
+                .await?;
+            let status = resp.status();
+            let body = resp.into_body().collect().await?.to_bytes();
+            anyhow::ensure!(status == StatusCode::OK, "list: {status}");
+            let page = parse_list(&body, self.encoding)?;
+            objects.extend(page.objects);
+            if page.continue_token.is_empty() {
+                break page.resource_version;
+            }
+            next = page.continue_token;
+        };
         *self.view.lock().unwrap() = View {
             objects,
             resource_version,
@@ -351,7 +363,7 @@ impl Informer {
         let resp = admin.request(req).await?;
         anyhow::ensure!(resp.status() == StatusCode::OK, "{}", resp.status());
         let body = resp.into_body().collect().await?.to_bytes();
-        Ok(parse_list(&body, self.encoding)?.0)
+        Ok(parse_list(&body, self.encoding)?.objects)
     }
 }
 
@@ -464,8 +476,17 @@ fn json_event(line: &[u8]) -> Option<Event> {
     })
 }
 
-/// A list answer as a view: its objects by namespace/name, and its resourceVersion.
-fn parse_list(body: &[u8], encoding: Encoding) -> Result<(BTreeMap<String, Held>, String)> {
+/// One page of a list answer.
+struct Page {
+    /// Its objects by namespace/name.
+    objects: BTreeMap<String, Held>,
+    resource_version: String,
+    /// Where the next page starts; empty on the last.
+    continue_token: String,
+}
+
+/// A list answer (or one page of it).
+fn parse_list(body: &[u8], encoding: Encoding) -> Result<Page> {
     let mut objects = BTreeMap::new();
     match encoding {
         Encoding::Protobuf => {
@@ -479,7 +500,11 @@ fn parse_list(body: &[u8], encoding: Encoding) -> Result<(BTreeMap<String, Held>
                     Held::Bytes(Bytes::copy_from_slice(item)),
                 );
             }
-            Ok((objects, list.resource_version))
+            Ok(Page {
+                objects,
+                resource_version: list.resource_version,
+                continue_token: list.continue_token,
+            })
         }
         Encoding::Json => {
             let mut v: Value = serde_json::from_slice(body).context("not JSON")?;
@@ -487,10 +512,7 @@ fn parse_list(body: &[u8], encoding: Encoding) -> Result<(BTreeMap<String, Held>
                 .as_str()
                 .unwrap_or("")
                 .to_string();
-            anyhow::ensure!(
-                v["metadata"]["continue"].as_str().unwrap_or("").is_empty(),
-                "a list in pages"
-            );
+            let continue_token = v["metadata"]["continue"].as_str().unwrap_or("").to_string();
             for item in v["items"].as_array_mut().context("no items")?.drain(..) {
                 let item = semantic(item);
                 let meta = &item["metadata"];
@@ -501,7 +523,11 @@ fn parse_list(body: &[u8], encoding: Encoding) -> Result<(BTreeMap<String, Held>
                 );
                 objects.insert(key, Held::Json(item));
             }
-            Ok((objects, rv))
+            Ok(Page {
+                objects,
+                resource_version: rv,
+                continue_token,
+            })
         }
     }
 }
