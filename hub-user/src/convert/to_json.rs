@@ -183,11 +183,14 @@ fn map<'b>(
         let out = obj.key(key);
         match val {
             Some(v) => value(msg, field, v, out, style)?,
-            // An absent value is the type's zero.
+            // An absent value is the type's zero, as Go writes it.
             None => out.push_str(match field.ty {
-                Type::String | Type::Bytes | Type::Quantity => "\"\"",
+                Type::String | Type::Bytes => "\"\"",
+                Type::Quantity => "\"0\"",
+                Type::IntOrString | Type::Int32 | Type::Int64 => "0",
+                Type::Bool => "false",
                 Type::Message(_) => "{}",
-                _ => "null",
+                Type::Time | Type::MicroTime | Type::RawJson => "null",
             }),
         }
     }

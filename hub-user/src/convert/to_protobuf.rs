@@ -95,7 +95,15 @@ fn encode_field(
             for (k, val) in entries {
                 let mut entry = Vec::new();
                 put_bytes(&mut entry, 1, k.as_bytes());
-                encode_value(msg, &Field { tag: 2, ..*field }, val, &mut entry)?;
+                match val {
+                    // Go reads a null map value as the type's zero, and writes a zero
+                    // Time as an empty message.
+                    Value::Null if matches!(field.ty, Type::Time | Type::MicroTime) => {
+                        put_bytes(&mut entry, 2, b"")
+                    }
+                    Value::Null => {}
+                    val => encode_value(msg, &Field { tag: 2, ..*field }, val, &mut entry)?,
+                }
                 put_bytes(out, tag, &entry);
             }
         }
