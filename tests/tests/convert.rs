@@ -585,7 +585,10 @@ fn a_map_entry_without_its_value_converts_as_go_s_zero_and_back() {
         .collect();
     let style = hub::convert::Style::default();
     let json: Value = serde_json::from_slice(&hub::convert::to_json(&pb, style).unwrap()).unwrap();
-    assert_eq!(json["status"]["disruptedPods"], serde_json::json!({"": null}));
+    assert_eq!(
+        json["status"]["disruptedPods"],
+        serde_json::json!({"": null})
+    );
     let again = hub::convert::to_protobuf(json.to_string().as_bytes()).unwrap();
     let back: Value =
         serde_json::from_slice(&hub::convert::to_json(&again, style).unwrap()).unwrap();
