@@ -13,6 +13,7 @@ pub mod fingerprint;
 pub mod inspect;
 pub mod objects;
 pub mod offline;
+pub mod paging;
 mod repeats;
 mod scan;
 pub mod select;

@@ -12,7 +12,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use base64::Engine;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::{
@@ -24,6 +23,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::{
     objects::{self, Encoding, Item},
+    paging,
     select::Selector,
     store::{self, ObjectKey, Record, Store},
 };
@@ -560,23 +560,6 @@ fn get(
     ))
 }
 
-/// The continue token of an offline list: the position after which the next page starts.
-fn continue_token(rv: u64, last: &ObjectKey) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .encode(format!("hub\0{rv}\0{}\0{}", last.namespace, last.name))
-}
-
-fn parse_continue(token: &str) -> Option<(String, String)> {
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(token)
-        .ok()?;
-    let s = String::from_utf8(raw).ok()?;
-    let mut p = s.split('\0');
-    (p.next()? == "hub").then_some(())?;
-    let _rv = p.next()?;
-    Some((p.next()?.to_string(), p.next()?.to_string()))
-}
-
 /// The selector of a list or watch, checked against what the cache indexes.
 pub(crate) fn selector(
     info: &RequestInfo,
@@ -750,15 +733,21 @@ fn render_list(
     let kind = kind_of(&objects, &info.resource, kind_hint)?;
     let selected = live_and_selected(&objects, &sel);
     let enc = whole_in_one_encoding(&selected, prefs)?;
-    let mut items = selected;
+    // kube-apiserver's order (etcd keys), which its continue tokens and the hub's count on.
+    let mut items: Vec<_> = selected
+        .into_iter()
+        .map(|l| {
+            let key = paging::relative_key(&info.namespace, &l.key.namespace, &l.key.name);
+            (key, l)
+        })
+        .collect();
+    items.sort_by(|a, b| a.0.cmp(&b.0));
     let cont = param(query, "continue");
     if !cont.is_empty() {
-        let Some((ns, name)) = parse_continue(&cont) else {
-            return Ok(bad_request("invalid continue token"));
+        let Some(from) = paging::decode(&cont) else {
+            return Ok(bad_request("continue key is not valid"));
         };
-        items.retain(|l| {
-            (l.key.namespace.as_str(), l.key.name.as_str()) > (ns.as_str(), name.as_str())
-        });
+        items.retain(|(key, _)| *key >= from.start);
     }
     // resourceVersion=0 asks for any version, which kube-apiserver answers whole from its
     // watch cache whatever the limit (informers list so, and expect no continue).
@@ -769,10 +758,12 @@ fn render_list(
     };
     let (mut next, mut remaining) = (String::new(), None);
     if limit > 0 && items.len() > limit {
-        remaining = Some((items.len() - limit) as u64);
+        // As kube-apiserver: a count only when no selector filtered the items.
+        remaining = sel.is_empty().then_some((items.len() - limit) as u64);
         items.truncate(limit);
-        next = continue_token(rv, &items[limit - 1].key);
+        next = paging::encode(rv, &items[limit - 1].0);
     }
+    let items: Vec<&Latest> = items.into_iter().map(|(_, l)| l).collect();
     let page = Page {
         list_kind: format!("{kind}List"),
         api_version: api_version(info),
@@ -822,11 +813,18 @@ fn list_body(enc: Encoding, page: &Page, items: &[&Latest]) -> Result<Vec<u8>, S
         .collect::<Result<Vec<_>, _>>()?;
     match enc {
         Encoding::Json => {
-            let mut meta = serde_json::json!({"resourceVersion": page.rv.to_string()});
+            // ListMeta's members in kube-apiserver's order.
+            let mut meta = format!("{{\"resourceVersion\":\"{}\"", page.rv);
             if !page.next.is_empty() {
-                meta["continue"] = page.next.clone().into();
-                meta["remainingItemCount"] = page.remaining.unwrap_or(0).into();
+                meta.push_str(&format!(
+                    ",\"continue\":{}",
+                    serde_json::Value::from(page.next.as_str())
+                ));
             }
+            if let Some(n) = page.remaining {
+                meta.push_str(&format!(",\"remainingItemCount\":{n}"));
+            }
+            meta.push('}');
             let mut out = format!(
                 "{{\"kind\":{},\"apiVersion\":{},\"metadata\":{},\"items\":[",
                 serde_json::Value::from(page.list_kind.as_str()),
@@ -1335,21 +1333,5 @@ mod tests {
         );
         assert!(accepted("application/json;as=Table;v=v1;g=meta.k8s.io").is_empty());
         assert_eq!(accepted("*/*"), vec![Json]);
-    }
-
-    #[test]
-    fn continue_tokens_round_trip() {
-        let k = ObjectKey {
-            credential: "c".into(),
-            gvr: "/v1/pods".into(),
-            namespace: "ns1".into(),
-            name: "p-7".into(),
-            component: "kubelet".into(),
-        };
-        assert_eq!(
-            parse_continue(&continue_token(9, &k)),
-            Some(("ns1".into(), "p-7".into()))
-        );
-        assert_eq!(parse_continue("garbage"), None);
     }
 }

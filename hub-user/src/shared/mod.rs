@@ -12,10 +12,14 @@
 //! resourceVersion is checked every time, and answered only once the set has passed the
 //! resourceVersion the check stood at (`sync::probe` shows the cloud's progress).
 //!
-//! What the set cannot answer truthfully goes to the cloud as before: a continued list, an
-//! exact resourceVersion, a list larger than its `limit`, a set not current (the cloud's
-//! watch broke, or the cloud refuses the node this resource). Offline, the set is not used:
-//! the node's cache answers each credential what the cloud gave it.
+//! A list in pages is paged as kube-apiserver pages it, with its continue tokens: the next
+//! page is read from the set as it stood at the token's resourceVersion (its recent
+//! changes undone), so pages continue across the hub and the cloud either way.
+//!
+//! What the set cannot answer truthfully goes to the cloud as before: an exact
+//! resourceVersion, a next page older than the changes the set keeps, a set not current
+//! (the cloud's watch broke, or the cloud refuses the node this resource). Offline, the set
+//! is not used: the node's cache answers each credential what the cloud gave it.
 pub mod authz;
 pub mod set;
 mod sync;
@@ -36,13 +40,14 @@ use hyper::{Request, Response, StatusCode, header};
 
 use self::{
     authz::{Memo, Scope},
-    set::{Set, State},
+    set::{Set, Snapshot, State},
     watch::Start,
 };
 use crate::{
     body::ProxyBody,
     cache::{
         objects::{self, Encoding},
+        paging,
         serve::{accepted, answer_from, param, selector},
     },
     coordinator::leader::api_path,
@@ -105,6 +110,8 @@ enum Fresh {
     NotOlderThan(u64),
     /// The cloud's current one (no resourceVersion: a consistent read).
     Current,
+    /// Exactly this one: the next page of a list read there (its continue token).
+    Page(u64),
 }
 
 impl Shared {
@@ -194,9 +201,6 @@ impl Shared {
 
     async fn try_serve(&self, asked: &Asked<'_>) -> Result<Response<ProxyBody>, Refusal> {
         let (info, query) = (asked.info, asked.query);
-        if !param(query, "continue").is_empty() {
-            return Err("a continued list is the cloud's".to_string().into());
-        }
         if param(query, "resourceVersionMatch") == "Exact" {
             return Err("an exact resourceVersion is the cloud's".to_string().into());
         }
@@ -226,13 +230,23 @@ impl Shared {
         }
         let watch = info.verb == "watch";
         let rv = param(query, "resourceVersion");
-        let fresh = match rv.as_str() {
-            "" => Fresh::Current,
-            "0" => Fresh::Any,
-            n => Fresh::NotOlderThan(
+        let fresh = match (param(query, "continue").as_str(), rv.as_str()) {
+            ("", "") => Fresh::Current,
+            ("", "0") => Fresh::Any,
+            ("", n) => Fresh::NotOlderThan(
                 n.parse()
                     .map_err(|_| Refusal::Unable(format!("resourceVersion {n:?}")))?,
             ),
+            // The cloud says what is wrong with a token it would not take.
+            (token, "") if !watch => match paging::decode(token) {
+                Some(page) => Fresh::Page(page.rv),
+                None => return Err("a continue token kube-apiserver refuses".to_string().into()),
+            },
+            _ => {
+                return Err("a continue with a resourceVersion, or on a watch"
+                    .to_string()
+                    .into());
+            }
         };
         let start = match (&fresh, param(query, "sendInitialEvents") == "true") {
             (Fresh::NotOlderThan(n), false) => Start::After(*n),
@@ -259,7 +273,16 @@ impl Shared {
                 Arc::new(keep_open),
             )?);
         }
-        Ok(self.list(&set, asked)?)
+        let snapshot = match fresh {
+            Fresh::Page(rv) => set.snapshot_at(rv).map_err(|too_old| {
+                format!(
+                    "the next page is read at resourceVersion {rv}; the node-level set keeps changes from {} on",
+                    too_old.oldest
+                )
+            })?,
+            _ => set.snapshot().0,
+        };
+        Ok(list(snapshot, asked)?)
     }
 
     /// Whether the cloud lets this credential read this scope (the memo, or the client's own
@@ -272,7 +295,7 @@ impl Shared {
         fresh: &Fresh,
     ) -> Result<u64, Refusal> {
         let floor = match fresh {
-            Fresh::NotOlderThan(n) => *n,
+            Fresh::NotOlderThan(n) | Fresh::Page(n) => *n,
             _ => 0,
         };
         let scope = self.scope(asked, if watch { "watch" } else { "list" });
@@ -304,28 +327,6 @@ impl Shared {
                 Err(refusal)
             }
         }
-    }
-
-    /// A LIST from the set, whole (a list the client pages is the cloud's).
-    fn list(&self, set: &Set, asked: &Asked<'_>) -> Result<Response<ProxyBody>, String> {
-        let (info, query) = (asked.info, asked.query);
-        let (snap, _) = set.snapshot();
-        let items: Vec<_> = snap
-            .items
-            .iter()
-            .filter(|i| info.namespace.is_empty() || i.namespace == info.namespace)
-            .map(|i| (**i).clone())
-            .collect();
-        let limit: usize = param(query, "limit").parse().unwrap_or(0);
-        if limit > 0 && param(query, "resourceVersion") != "0" {
-            let Ok(Ok(sel)) = selector(info, query) else {
-                return Err("a selector the hub does not evaluate".to_string());
-            };
-            if items.iter().filter(|i| sel.matches_item(i)).count() > limit {
-                return Err("a list in pages is the cloud's".to_string());
-            }
-        }
-        answer_from("", items, snap.rv, info, query, asked.accept)
     }
 
     /// Sends the client's request (its credential, its selectors) to the cloud as `query`
@@ -465,6 +466,19 @@ impl Shared {
             credentials_allowed: self.memo.len(),
         }
     }
+}
+
+/// A LIST from the set: its items in the request's namespace, in pages when the client
+/// asks for them (kube-apiserver's continue tokens, read at the snapshot's resourceVersion).
+fn list(snapshot: Snapshot, asked: &Asked<'_>) -> Result<Response<ProxyBody>, String> {
+    let info = asked.info;
+    let items: Vec<_> = snapshot
+        .items
+        .iter()
+        .filter(|i| info.namespace.is_empty() || i.namespace == info.namespace)
+        .map(|i| (**i).clone())
+        .collect();
+    answer_from("", items, snapshot.rv, info, asked.query, asked.accept)
 }
 
 /// One event of a streamed list of no object: the end bookmark's resourceVersion, None for

@@ -210,6 +210,30 @@ impl Set {
         )
     }
 
+    /// The set as it stood at `rv` (the changes after it undone), for the next page of a
+    /// list read at `rv`; TooOld when the set no longer keeps all of those changes.
+    pub fn snapshot_at(&self, rv: u64) -> Result<Snapshot, TooOld> {
+        let inner = self.lock();
+        if rv < inner.floor {
+            return Err(TooOld {
+                asked: rv,
+                oldest: inner.floor,
+            });
+        }
+        let mut objects = inner.objects.clone();
+        for change in inner.history.iter().rev().take_while(|c| c.rv > rv) {
+            let id = (change.now.namespace.clone(), change.now.name.clone());
+            match &change.before {
+                Some(before) => objects.insert(id, before.clone()),
+                None => objects.remove(&id),
+            };
+        }
+        Ok(Snapshot {
+            items: objects.into_values().collect(),
+            rv: rv.min(inner.rv),
+        })
+    }
+
     /// The changes after `from`, the resourceVersion they reach, and a subscription to the
     /// later ones; TooOld when the set no longer keeps all of them.
     #[allow(clippy::type_complexity)]
@@ -329,5 +353,27 @@ mod tests {
         }
         assert_eq!(set.since(11).unwrap_err().oldest, 12);
         assert!(set.since(100).is_ok());
+    }
+
+    #[test]
+    fn the_set_as_it_stood_at_a_version_it_still_covers() {
+        let set = Set::new("/v1/services", "services");
+        set.replace(vec![item("a", 5), item("b", 6)], 10);
+        set.apply(EventType::Modified, item("a", 11));
+        set.apply(EventType::Deleted, item("b", 12));
+        set.apply(EventType::Added, item("c", 13));
+        let at = |rv| {
+            let snap = set.snapshot_at(rv).unwrap();
+            let seen: Vec<_> = snap.items.iter().map(|i| (i.name.clone(), i.rv)).collect();
+            (seen, snap.rv)
+        };
+        let named = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
+            v.iter().map(|(n, rv)| (n.to_string(), *rv)).collect()
+        };
+        assert_eq!(at(10), (named(&[("a", 5), ("b", 6)]), 10));
+        assert_eq!(at(11), (named(&[("a", 11), ("b", 6)]), 11));
+        assert_eq!(at(12), (named(&[("a", 11)]), 12));
+        assert_eq!(at(13), (named(&[("a", 11), ("c", 13)]), 13));
+        assert_eq!(set.snapshot_at(9).err().map(|e| e.oldest), Some(10));
     }
 }

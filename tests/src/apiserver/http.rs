@@ -635,33 +635,44 @@ fn get(state: &State, t: &Target, format: Format) -> Response<Body> {
     }
 }
 
-/// The continue token: base64 of {"rv": ..., "start": "<ns>/<name>"} (opaque to clients).
-fn encode_continue(rv: u64, last: &Key) -> String {
+/// kube-apiserver's continue token: base64url (no padding) of
+/// `{"v":"meta.k8s.io/v1","rv":N,"start":"<relative key after the last item>"}`
+/// (fixtures/wire/kube-apiserver-1.36/list-pods-json-limit2).
+fn encode_continue(rv: i64, start: &str) -> String {
     use base64::Engine;
-    let raw = json!({"rv": rv, "ns": last.namespace, "name": last.name}).to_string();
+    let raw = format!(
+        "{{\"v\":\"meta.k8s.io/v1\",\"rv\":{rv},\"start\":{}}}",
+        json!(start)
+    );
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
 }
 
-/// A token that goes on from `last` at the newest state (resourceVersion -1), as
-/// kube-apiserver hands out with an expired token's 410.
-fn fresh_continue(last: &Key) -> String {
-    use base64::Engine;
-    let raw = json!({"rv": -1, "ns": last.namespace, "name": last.name}).to_string();
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
-}
-
-/// (resourceVersion to list at, None for the newest; namespace; name) of a token.
-fn decode_continue(token: &str) -> Option<(Option<u64>, String, String)> {
+/// (resourceVersion to list at, None for the newest (-1); the relative key to start at)
+/// of a token, as kube-apiserver's DecodeContinue reads it: a start without its leading
+/// `/` gets one, and one that is not a clean path is refused.
+fn decode_continue(token: &str) -> Option<(Option<u64>, String)> {
     use base64::Engine;
     let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(token)
         .ok()?;
     let v: Value = serde_json::from_slice(&raw).ok()?;
+    if v["v"] != "meta.k8s.io/v1" {
+        return None;
+    }
     let rv = match v["rv"].as_i64()? {
-        -1 => None,
-        rv => Some(u64::try_from(rv).ok()?),
+        0 => return None,
+        rv if rv < 0 => None,
+        rv => Some(rv as u64),
     };
-    Some((rv, v["ns"].as_str()?.into(), v["name"].as_str()?.into()))
+    let start = v["start"].as_str().filter(|s| !s.is_empty())?;
+    let start = if start.starts_with('/') {
+        start.to_string()
+    } else {
+        format!("/{start}")
+    };
+    let clean = start == "/"
+        || (!start.ends_with('/') && start[1..].split('/').all(|p| !matches!(p, "" | "." | "..")));
+    clean.then_some((rv, start))
 }
 
 pub fn selectors(
@@ -698,14 +709,7 @@ fn list(state: &State, t: &Target, q: &HashMap<String, String>, format: Format) 
     };
     let (at_rv, start) = match q.get("continue").filter(|c| !c.is_empty()) {
         Some(token) => match decode_continue(token) {
-            Some((rv, ns, name)) => (
-                rv,
-                Some(Key {
-                    resource: t.resource,
-                    namespace: ns,
-                    name,
-                }),
-            ),
+            Some((rv, start)) => (rv, Some(start)),
             None => return bad_request("continue key is not valid: malformed token"),
         },
         None => (exact_rv, None),
@@ -715,7 +719,7 @@ fn list(state: &State, t: &Target, q: &HashMap<String, String>, format: Format) 
             t.resource,
             t.namespace.as_deref(),
             at_rv,
-            start.as_ref(),
+            start.as_deref(),
             limit,
             |o| labels.matches(o) && fields.matches(o),
         )
@@ -751,18 +755,30 @@ fn list(state: &State, t: &Target, q: &HashMap<String, String>, format: Format) 
                 "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.",
                 None,
             );
-            if let Some(last) = &start {
-                // The Status carries a token that goes on from the same place, now.
-                status["metadata"]["continue"] = json!(fresh_continue(last));
+            if let Some(start) = &start {
+                // The Status carries a token that goes on from the same place at the
+                // newest state: resourceVersion -1, the start without its leading `/`
+                // (fixtures/wire/kube-apiserver-1.32/list-continue-expired-json).
+                status["metadata"]["continue"] = json!(encode_continue(-1, &start[1..]));
             }
             return json_response(StatusCode::GONE, &status);
         }
         Err(e) => return bad_request(&format!("{e:?}")),
     };
     let mut meta = json!({"resourceVersion": page.rv.to_string()});
+    // kube-apiserver counts the remaining items only when no selector filtered them.
+    let unfiltered = q.get("labelSelector").is_none_or(|s| s.is_empty())
+        && q.get("fieldSelector").is_none_or(|s| s.is_empty());
+    let remaining = page
+        .last
+        .as_ref()
+        .filter(|_| unfiltered)
+        .map(|_| page.remaining as i64);
     if let Some(last) = &page.last {
-        meta["continue"] = json!(encode_continue(page.rv, last));
-        meta["remainingItemCount"] = json!(page.remaining);
+        meta["continue"] = json!(encode_continue(page.rv as i64, &format!("{last}\0")));
+    }
+    if let Some(n) = remaining {
+        meta["remainingItemCount"] = json!(n);
     }
     if format == Format::Table {
         let objs: Vec<&Value> = page.items.iter().map(|a| a.as_ref()).collect();
@@ -771,7 +787,6 @@ fn list(state: &State, t: &Target, q: &HashMap<String, String>, format: Format) 
     if format == Format::Protobuf {
         let objs: Vec<&Value> = page.items.iter().map(|a| a.as_ref()).collect();
         let token = meta["continue"].as_str().map(String::from);
-        let remaining = page.last.as_ref().map(|_| page.remaining as i64);
         return protobuf_response(super::protobuf::list(
             &r.api_version(),
             r.kind,

@@ -85,9 +85,19 @@ pub struct Store {
 pub struct Page {
     pub items: Vec<Arc<Value>>,
     pub rv: u64,
-    /// Set when more items follow: the last key of this page.
-    pub last: Option<Key>,
+    /// Set when more items follow: the relative key of this page's last item.
+    pub last: Option<String>,
     pub remaining: usize,
+}
+
+/// An object's etcd key relative to its list's: `/<name>` in one namespace or for a
+/// cluster-scoped resource, `/<namespace>/<name>` across namespaces. Compared as bytes,
+/// these order a list as etcd's keys do (`a-b/x` before `a/x`).
+pub fn relative_key(list_namespace: Option<&str>, key: &Key) -> String {
+    match list_namespace {
+        None if !key.namespace.is_empty() => format!("/{}/{}", key.namespace, key.name),
+        _ => format!("/{}", key.name),
+    }
 }
 
 fn set_rv(object: &mut Value, rv: u64) {
@@ -195,14 +205,15 @@ impl Store {
         ))
     }
 
-    /// Items of `resource` (in `namespace`, or all), as of `at_rv` (None = now), after
-    /// `start_after`, at most `limit` (0 = all).
+    /// Items of `resource` (in `namespace`, or all), as of `at_rv` (None = now), from the
+    /// relative key `start` on (see [`relative_key`]), at most `limit` (0 = all), in the
+    /// order of their etcd keys as kube-apiserver lists them.
     pub fn list(
         &self,
         resource: ResourceId,
         namespace: Option<&str>,
         at_rv: Option<u64>,
-        start_after: Option<&Key>,
+        start: Option<&str>,
         limit: usize,
         mut keep: impl FnMut(&Value) -> bool,
     ) -> Result<Page, StoreError> {
@@ -219,21 +230,20 @@ impl Store {
             namespace: namespace.unwrap_or("").to_string(),
             name: String::new(),
         };
+        let mut in_scope: Vec<(String, &Vec<Version>)> = inner
+            .keys
+            .range(lo..)
+            .take_while(|(key, _)| {
+                key.resource == resource && namespace.is_none_or(|ns| key.namespace == ns)
+            })
+            .map(|(key, versions)| (relative_key(namespace, key), versions))
+            .filter(|(rel, _)| start.is_none_or(|s| rel.as_str() >= s))
+            .collect();
+        in_scope.sort_by(|a, b| a.0.cmp(&b.0));
         let mut items = Vec::new();
         let mut last = None;
         let mut remaining = 0;
-        for (key, versions) in inner.keys.range(lo..) {
-            if key.resource != resource {
-                break;
-            }
-            if let Some(ns) = namespace
-                && key.namespace != ns
-            {
-                break;
-            }
-            if start_after.is_some_and(|s| key <= s) {
-                continue;
-            }
+        for (rel, versions) in in_scope {
             let Some(obj) = versions
                 .iter()
                 .rev()
@@ -249,7 +259,7 @@ impl Store {
                 remaining += 1;
                 continue;
             }
-            last = Some(key.clone());
+            last = Some(rel);
             items.push(obj);
         }
         if remaining == 0 {
@@ -426,7 +436,7 @@ mod tests {
                 ResourceId(2),
                 Some("default"),
                 Some(p1.rv),
-                p1.last.as_ref(),
+                Some(&format!("{}\0", p1.last.unwrap())),
                 10,
                 |_| true,
             )
