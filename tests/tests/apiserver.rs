@@ -723,7 +723,12 @@ fn authentication_and_authorisation() {
 
     let node = s.ca.client("system:node:edge-1", Some("system:nodes"));
     let kubelet = Client::new(s.addr, s.ca.cert_der(), None, Some(&node));
-    assert_eq!(kubelet.get("/api/v1/nodes").status, 200);
+    assert_eq!(
+        kubelet
+            .get("/api/v1/nodes?fieldSelector=metadata.name%3Dedge-1")
+            .status,
+        200
+    );
     let stranger_ca = hub_tests::apiserver::tls::TestCa::new("other");
     let stranger = stranger_ca.client("system:node:evil", Some("system:nodes"));
     let rejected = Client::new(s.addr, s.ca.cert_der(), None, Some(&stranger)).request(
@@ -783,8 +788,8 @@ fn a_node_reads_only_its_own_pods_and_what_they_reference() {
     };
     let get = |path: &str| status("GET", path, b"");
     let allowed = [
-        "/api/v1/nodes",
-        "/api/v1/nodes/edge-2",
+        "/api/v1/nodes/edge-1",
+        "/api/v1/nodes?fieldSelector=metadata.name%3Dedge-1",
         "/api/v1/pods?fieldSelector=spec.nodeName%3Dedge-1",
         "/api/v1/namespaces/ns1/pods/mine",
         "/api/v1/namespaces/ns1/configmaps/cm-mine",
@@ -809,10 +814,19 @@ fn a_node_reads_only_its_own_pods_and_what_they_reference() {
         "/api/v1/namespaces/ns1/secrets/s-theirs",
         "/api/v1/namespaces/ns1/secrets",
         "/api/v1/namespaces",
+        "/api/v1/nodes",
+        "/api/v1/nodes/edge-2",
+        "/api/v1/nodes?fieldSelector=metadata.name%3Dedge-2",
     ];
     for path in refused {
         assert_eq!(get(path), 403, "{path}");
     }
+    // As kube-apiserver 1.32+ (AuthorizeNodeWithSelectors) refuses it.
+    assert_eq!(
+        kubelet.get("/api/v1/nodes").json()["message"],
+        "nodes is forbidden: User \"system:node:edge-1\" cannot list resource \"nodes\" \
+         in API group \"\" at the cluster scope: node 'edge-1' cannot read all nodes, only its own Node object"
+    );
     let denial = kubelet
         .get("/api/v1/namespaces/ns1/secrets/s-theirs")
         .json();

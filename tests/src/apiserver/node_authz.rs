@@ -2,8 +2,8 @@
 //! plugin, for users `system:node:<n>` in group `system:nodes` (as in 1.32, where
 //! AuthorizeNodeWithSelectors is on).
 //!
-//! A node may read every node, service and endpoints object; write only its own Node,
-//! lease and CSINode; read pods bound to it (list and watch only with
+//! A node may read only its own Node, and every service and endpoints object; write only
+//! its own Node, lease and CSINode; read pods bound to it (list and watch only with
 //! `fieldSelector=spec.nodeName=<n>`) and update their status; read a Secret, ConfigMap
 //! or PersistentVolumeClaim, and ask for a ServiceAccount's token, only when a pod bound
 //! to it references that object; send events and CSRs; manage its own ResourceSlices
@@ -91,7 +91,18 @@ pub fn decide(store: &Store, node: &str, a: &Attributes) -> Decision {
             a.name
                 .is_some_and(|name| bound_pod(store, node, a.namespace, name)),
         ),
-        ("nodes", None) => rule(read || a.verb == "create" || (a.name.is_some() && own)),
+        // AuthorizeNodeWithSelectors (on since 1.32): a node reads its own Node only, by
+        // its name in the path or `fieldSelector=metadata.name=<n>`.
+        ("nodes", None) if read => match a.name {
+            Some(name) if name == node => Decision::Allow,
+            Some(name) => Decision::NoOpinion(Some(format!(
+                "node '{node}' cannot read '{name}', only its own Node object"
+            ))),
+            None => Decision::NoOpinion(Some(format!(
+                "node '{node}' cannot read all nodes, only its own Node object"
+            ))),
+        },
+        ("nodes", None) => rule(a.verb == "create" || (a.name.is_some() && own)),
         ("nodes", Some("status")) => rule(matches!(a.verb, "get" | "update" | "patch") && own),
         ("leases", None) => {
             rule(a.namespace == "kube-node-lease" && a.verb != "deletecollection" && own)
