@@ -21,7 +21,7 @@ use serde_json::Value;
 const KUBELET: (&str, &str) = ("User-Agent", "kubelet/v1.32.13 (linux/amd64)");
 
 /// An object that was never cached: the cloud answers 404, the cache could only say 503.
-const NEVER_CACHED: &str = "/api/v1/nodes/never-cached";
+const NEVER_CACHED: &str = "/apis/storage.k8s.io/v1/csidrivers/never-cached";
 /// A pod the stand-in seeds (`--pods-per-node`) and the cache keeps once read.
 const CACHED: &str = "/api/v1/namespaces/default/pods/pod-0-3";
 
