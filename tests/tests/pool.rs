@@ -113,7 +113,7 @@ fn a_hub_serves_the_whole_pool_offline_and_a_wiped_coordinator_is_refilled() {
     // pod list: the pods the pool shows later must come from the kubelets' pushes).
     let (ok, _, err) = kubectl(
         &empty_kubeconfig,
-        &[&plain_server, "get", "nodes", "-o", "name"],
+        &[&plain_server, "get", "csidrivers", "-o", "name"],
     );
     assert!(ok, "{err}");
     let all_six = wait_for(
