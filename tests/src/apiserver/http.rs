@@ -25,18 +25,31 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).boxed()
 }
 
-/// A body handed out in the given pieces, one frame each, with its whole length known.
+/// A body handed out in the given pieces, one frame each (over HTTP/1.1 without a
+/// length, one chunk each).
 pub struct Pieces {
     left: std::collections::VecDeque<Bytes>,
     len: u64,
+    /// Whether the length is announced (Content-Length over HTTP/1.1).
+    sized: bool,
 }
 
 impl Pieces {
+    /// With its whole length known.
     pub fn new(pieces: Vec<Bytes>) -> Pieces {
         let len = pieces.iter().map(|p| p.len() as u64).sum();
         Pieces {
             left: pieces.into(),
             len,
+            sized: true,
+        }
+    }
+
+    /// Sent chunked over HTTP/1.1; its length is still the lower bound of its size.
+    pub fn chunked(pieces: Vec<Bytes>) -> Pieces {
+        Pieces {
+            sized: false,
+            ..Pieces::new(pieces)
         }
     }
 }
@@ -61,7 +74,12 @@ impl hyper::body::Body for Pieces {
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
-        hyper::body::SizeHint::with_exact(self.len)
+        if self.sized {
+            return hyper::body::SizeHint::with_exact(self.len);
+        }
+        let mut hint = hyper::body::SizeHint::new();
+        hint.set_lower(self.len);
+        hint
     }
 }
 

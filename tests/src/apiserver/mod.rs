@@ -10,6 +10,7 @@ pub mod auth;
 pub mod client;
 pub mod discovery;
 pub mod faults;
+pub mod framing;
 pub mod http;
 pub mod node_authz;
 pub mod patch;
@@ -502,6 +503,7 @@ async fn route(
         watching,
         has(&["sendInitialEvents=true"]),
     );
+    let http11 = req.version() == hyper::Version::HTTP_11;
     let accepts_gzip = req
         .headers()
         .get_all(header::ACCEPT_ENCODING)
@@ -522,7 +524,7 @@ async fn route(
     } else {
         resp
     };
-    let resp = framed_as_kube_apiserver(resp).await;
+    let resp = framing::as_kube_apiserver(resp, http11).await;
     if let Some((per_answer, per_kib)) = cost {
         let bytes = hyper::body::Body::size_hint(resp.body()).lower();
         let cost = faults::cost(per_answer, per_kib, bytes);
@@ -576,35 +578,6 @@ async fn in_protobuf_if_asked(resp: Response<Body>, accept: Option<&str>) -> Res
     );
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, full(encoded))
-}
-
-/// kube-apiserver 1.33+ sends protobuf and gzipped answers in 4 KiB HTTP/2 DATA frames
-/// (its streaming list encoder and gzip write through the response writer's 4 KiB
-/// buffer), JSON in 16 KiB ones (`fixtures/wire/kube-apiserver-1.36/list-framing.json`):
-/// the body is handed to hyper in pieces of those sizes, each of which it sends as a frame.
-async fn framed_as_kube_apiserver(resp: Response<Body>) -> Response<Body> {
-    use http_body_util::BodyExt;
-    const SMALL_FRAMES: usize = 4096;
-    let gzipped = resp.headers().contains_key(header::CONTENT_ENCODING);
-    let protobuf = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|c| c == protobuf::CONTENT_TYPE);
-    let whole = hyper::body::Body::size_hint(resp.body()).exact();
-    if !(gzipped || protobuf) || whole.is_none_or(|n| n <= SMALL_FRAMES as u64) {
-        return resp;
-    }
-    let (parts, body) = resp.into_parts();
-    let bytes = body
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    let pieces = (0..bytes.len())
-        .step_by(SMALL_FRAMES)
-        .map(|at| bytes.slice(at..(at + SMALL_FRAMES).min(bytes.len())))
-        .collect();
-    Response::from_parts(parts, http::Pieces::new(pieces).boxed())
 }
 
 /// kube-apiserver's rule for `Accept-Encoding: gzip`: a whole answer over 128 KiB is sent
