@@ -7,11 +7,12 @@ use base64::Engine;
 
 const VERSION: &str = "meta.k8s.io/v1";
 
-/// A decoded continue token: the resourceVersion the list is read at, and the key the
-/// next page starts at (itself included).
+/// A decoded continue token: the resourceVersion the list is read at (None: the newest,
+/// as in the token kube-apiserver 1.32 hands out with a 410 for an expired one), and the
+/// key the next page starts at (itself included).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Continue {
-    pub rv: u64,
+    pub rv: Option<u64>,
     pub start: String,
 }
 
@@ -44,14 +45,14 @@ pub fn encode(rv: u64, last_key: &str) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json)
 }
 
-/// A token as kube-apiserver accepts it, or None: not base64url JSON, another version, no
-/// resourceVersion, no start, or a start that is not a clean path (`..`, `//`, `/.`).
+/// A token as kube-apiserver accepts it, or None: not base64url JSON, another version, a
+/// resourceVersion of 0, no start, or a start that is not a clean path (`..`, `//`, `/.`).
 pub fn decode(token: &str) -> Option<Continue> {
     let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(token)
         .ok()?;
     let t: Token = serde_json::from_slice(&raw).ok()?;
-    if t.v != VERSION || t.rv <= 0 || t.start.is_empty() {
+    if t.v != VERSION || t.rv == 0 || t.start.is_empty() {
         return None;
     }
     let start = if t.start.starts_with('/') {
@@ -65,7 +66,7 @@ pub fn decode(token: &str) -> Option<Continue> {
                 .split('/')
                 .all(|part| !matches!(part, "" | "." | "..")));
     clean.then_some(Continue {
-        rv: t.rv as u64,
+        rv: u64::try_from(t.rv).ok(),
         start,
     })
 }
@@ -83,7 +84,7 @@ mod tests {
         assert_eq!(
             c,
             Continue {
-                rv: 2629,
+                rv: Some(2629),
                 start: "/w-1\0".into()
             }
         );
@@ -111,6 +112,15 @@ mod tests {
         }
         let ok = raw(r#"{"v":"meta.k8s.io/v1","rv":5,"start":"ns1/a\u0000"}"#);
         assert_eq!(decode(&ok).unwrap().start, "/ns1/a\0");
+        // 1.32's token with its 410 for an expired one: the newest state, from `w-1`
+        // (fixtures/wire/kube-apiserver-1.32/list-continue-expired-json).
+        assert_eq!(
+            decode("eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6LTEsInN0YXJ0Ijoidy0xXHUwMDAwIn0"),
+            Some(Continue {
+                rv: None,
+                start: "/w-1\0".into()
+            })
+        );
     }
 
     #[test]

@@ -238,8 +238,11 @@ impl Shared {
                     .map_err(|_| Refusal::Unable(format!("resourceVersion {n:?}")))?,
             ),
             // The cloud says what is wrong with a token it would not take.
-            (token, "") if !watch => match paging::decode(token) {
-                Some(page) => Fresh::Page(page.rv),
+            (token, "") if !watch => match paging::decode(token).map(|page| page.rv) {
+                Some(Some(rv)) => Fresh::Page(rv),
+                Some(None) => {
+                    return Err("a next page at the cloud's newest state".to_string().into());
+                }
                 None => return Err("a continue token kube-apiserver refuses".to_string().into()),
             },
             _ => {
