@@ -499,7 +499,7 @@ fn a_list_in_pages_is_paged_from_the_set_and_continues_across_the_hub_and_the_cl
     let rv = {
         let t = hub::cache::paging::decode(&token).expect("kube-apiserver's token");
         assert_eq!(t.start, format!("/{}\0", first[49].0));
-        t.rv
+        t.rv.expect("the token names a resourceVersion")
     };
 
     // The cloud changes between the pages: a service after the first page is deleted and
