@@ -6,7 +6,8 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-fn fixture(path: &str) -> Value {
+/// A JSON file under `tests/fixtures/`.
+pub fn fixture(path: &str) -> Value {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures")
         .join(path);

@@ -1478,14 +1478,8 @@ fn http11_chunks(s: &StandIn, path: &str, headers: &[&str]) -> (String, Vec<usiz
 /// proxy in front of it then reads as many pieces as in front of the real one.
 #[test]
 fn over_http11_a_list_is_chunked_as_kube_apiserver_1_36_chunked_it() {
-    let recorded: Value = serde_json::from_slice(
-        &std::fs::read(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("fixtures/wire/kube-apiserver-1.36/list-framing-http11.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let recorded =
+        hub_tests::recorded::fixture("wire/kube-apiserver-1.36/list-framing-http11.json");
     for enc in ["json", "protobuf"] {
         let a = &recorded["answers"][enc];
         assert_eq!(

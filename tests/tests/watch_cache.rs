@@ -299,6 +299,18 @@ fn set_current(hub: &hub_tests::hub::HubProc, kubelet: &Client) {
     );
 }
 
+/// Waits until the node's set of services has applied `events` changes in all.
+fn set_events_reach(hub: &hub_tests::hub::HubProc, events: u64) {
+    wait_for(
+        "the set to see the changes",
+        Duration::from_secs(20),
+        || {
+            let sets = &hub.status()["node_watch_cache"]["sets"];
+            (sets[0]["events"].as_u64() >= Some(events)).then_some(())
+        },
+    );
+}
+
 fn get(client: &Client, path: &str) -> Reply {
     client
         .request("GET", path, &[("Accept", "application/json")], &[])
@@ -400,14 +412,7 @@ fn a_watch_resumes_from_the_set_and_below_its_window_gets_410() {
         .request("DELETE", "/api/v1/namespaces/ns1/services/svc-0", &[], &[])
         .unwrap();
     assert_eq!(r.status, 200);
-    wait_for(
-        "the set to see both changes",
-        Duration::from_secs(20),
-        || {
-            let sets = &hub.status()["node_watch_cache"]["sets"];
-            (sets[0]["events"].as_u64() >= Some(2)).then_some(())
-        },
-    );
+    set_events_reach(&hub, 2);
     let before = hub.status()["node_watch_cache"]["watches_served"]
         .as_u64()
         .unwrap();
@@ -516,14 +521,7 @@ fn a_list_in_pages_is_paged_from_the_set_and_continues_across_the_hub_and_the_cl
         .request("DELETE", "/api/v1/namespaces/ns2/services/svc-99", &[], &[])
         .unwrap();
     assert_eq!(r.status, 200);
-    wait_for(
-        "the set to see both changes",
-        Duration::from_secs(20),
-        || {
-            let sets = &hub.status()["node_watch_cache"]["sets"];
-            (sets[0]["events"].as_u64() >= Some(events + 2)).then_some(())
-        },
-    );
+    set_events_reach(&hub, events + 2);
 
     // The hub's token, at the hub and at the cloud: the same page.
     let next = format!("/api/v1/services?limit=50&continue={token}");
