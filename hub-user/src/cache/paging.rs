@@ -2,7 +2,8 @@
 //! continue token — base64url (no padding) of `{"v":"meta.k8s.io/v1","rv":N,"start":K}`,
 //! where `K` is the key after the page's last item, relative to the list's prefix. The
 //! hub writes and reads the same tokens, so a list paged by the hub continues at the
-//! cloud, and one the cloud paged continues at the hub.
+//! cloud, and one the cloud paged continues at the hub. 1.36 writes `K` with its leading
+//! `/`, 1.32 without; both read either (a missing `/` is added), and so does the hub.
 use base64::Engine;
 
 const VERSION: &str = "meta.k8s.io/v1";
