@@ -1132,8 +1132,14 @@ fn merge_for_write(r: &Resource, sub: Option<&str>, current: &Value, mut new: Va
             out["status"]["conditions"] = new["status"]["conditions"].clone();
             out
         }
+        // An object stored without a status keeps none (not a null one).
         _ if r.has_status => {
-            new["status"] = current["status"].clone();
+            match current.get("status") {
+                Some(status) => new["status"] = status.clone(),
+                None => {
+                    new.as_object_mut().map(|o| o.remove("status"));
+                }
+            }
             new
         }
         _ => new,
