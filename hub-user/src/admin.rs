@@ -458,9 +458,21 @@ pub fn render(s: &StatusReport) -> String {
     if let Some(w) = &s.node_watch_cache {
         let _ = writeln!(
             out,
-            "watch cache:  {} lists and {} watches answered from the node's shared sets, {} checks sent to the cloud, {} reads left to the cloud, {} credential scopes allowed",
-            w.lists_served, w.watches_served, w.checks, w.passed_to_cloud, w.credentials_allowed
+            "watch cache:  {} lists, {} GETs and {} watches answered from the node's shared sets, {} checks sent to the cloud, {} reads left to the cloud, {} credential scopes allowed",
+            w.lists_served,
+            w.gets_served,
+            w.watches_served,
+            w.checks,
+            w.passed_to_cloud,
+            w.credentials_allowed
         );
+        if !w.last_passed.is_empty() {
+            let _ = writeln!(
+                out,
+                "  the latest read left to the cloud: {}",
+                w.last_passed
+            );
+        }
         for set in &w.sets {
             let _ = writeln!(
                 out,

@@ -181,6 +181,11 @@ impl Collector for SharedCollector {
                     s.lists_served,
                 ),
                 (
+                    "gets_served",
+                    "GETs at any resourceVersion answered from the node's shared sets",
+                    s.gets_served,
+                ),
+                (
                     "watches_served",
                     "Watches answered from the node's shared sets",
                     s.watches_served,

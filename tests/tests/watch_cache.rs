@@ -557,6 +557,90 @@ fn a_list_in_pages_is_paged_from_the_set_and_continues_across_the_hub_and_the_cl
     );
 }
 
+#[test]
+fn a_get_at_any_resource_version_comes_from_the_set_once_the_cloud_answered_that_credential_s_own()
+{
+    let s = cloud_with_services("");
+    let hub = s.start_hub();
+    let [kubelet, proxy, dns] = clients(&s, s.hub_addr());
+    let [_, _, dns_direct] = clients(&s, s.cloud.addr);
+    let admin = Client::new(s.cloud.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
+    set_current(&hub, &kubelet);
+    let object = "/api/v1/namespaces/ns1/services/svc-0";
+    let any = format!("{object}?resourceVersion=0");
+    // The GETs of the object the cloud was sent, by user.
+    let cloud_gets = |user: &str| {
+        s.cloud
+            .audit()
+            .iter()
+            .filter(|e| e.method == "GET" && e.user == user && e.path.starts_with(object))
+            .count()
+    };
+    let served = || {
+        hub.status()["node_watch_cache"]["gets_served"]
+            .as_u64()
+            .unwrap()
+    };
+    let protobuf = [("Accept", "application/vnd.kubernetes.protobuf")];
+    let dns_user = "system:serviceaccount:kube-system:coredns";
+
+    // The credential's first GET is the cloud's: it is the cloud's word that it may.
+    let first = get(&dns, &any);
+    assert_eq!(first.status, 200);
+    assert_eq!((cloud_gets(dns_user), served()), (1, 0));
+
+    // The cloud changes the object; once the set has the change, the next GET comes from
+    // the set and shows it, in either encoding, as the cloud itself answers it.
+    let events = hub.status()["node_watch_cache"]["sets"][0]["events"]
+        .as_u64()
+        .unwrap();
+    let mut svc: Value = serde_json::from_slice(&get(&admin, object).body).unwrap();
+    svc["metadata"]["labels"] = json!({"changed": "yes"});
+    assert_eq!(admin.send_json("PUT", object, &svc).status, 200);
+    set_events_reach(&hub, events + 1);
+    let from_set = get(&dns, &any);
+    let direct = get(&dns_direct, &any);
+    assert_eq!(from_set.status, 200);
+    assert_eq!(decoded(false, &from_set.body), decoded(false, &direct.body));
+    assert_eq!(
+        decoded(false, &from_set.body)["metadata"]["labels"]["changed"],
+        "yes"
+    );
+    let from_set = dns.request("GET", &any, &protobuf, &[]).unwrap();
+    let direct = dns_direct.request("GET", &any, &protobuf, &[]).unwrap();
+    assert_eq!((from_set.status, &from_set.body), (200, &direct.body));
+    assert_eq!(
+        cloud_gets(dns_user),
+        1 + 2,
+        "only the direct GETs reached the cloud"
+    );
+    assert_eq!(served(), 2);
+
+    // Not for another credential, another object, or the newest state: the cloud's.
+    let proxy_user = "system:serviceaccount:kube-system:kube-proxy";
+    assert_eq!(get(&proxy, &any).status, 200);
+    assert_eq!(cloud_gets(proxy_user), 1);
+    assert_eq!(
+        get(
+            &dns,
+            "/api/v1/namespaces/ns1/services/svc-2?resourceVersion=0"
+        )
+        .status,
+        200
+    );
+    assert_eq!(get(&dns, object).status, 200);
+    assert_eq!(cloud_gets(dns_user), 3 + 1, "the GET at the newest state");
+    assert_eq!(served(), 2);
+    // A credential the cloud refuses gets the cloud's refusal, never the object.
+    let nobody = Client::new(s.hub_addr(), s.ca.cert_der(), Some(NOBODY_TOKEN), None);
+    for _ in 0..2 {
+        let r = get(&nobody, &any);
+        assert_eq!(r.status, 403);
+        assert!(!String::from_utf8_lossy(&r.body).contains("\"ports\""));
+    }
+    assert_eq!(served(), 2);
+}
+
 /// The check of a consistent streamed list, as kube-apiserver 1.36 answered it
 /// (tests/fixtures/watch-cache-1.36): the stand-in answers it the same way — 200, no
 /// object, the initial-events-end bookmark at once at its current resourceVersion.

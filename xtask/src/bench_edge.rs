@@ -449,11 +449,15 @@ fn report(o: &Outcome, shared: &serde_json::Value, shape: &Shape, output: Output
     }
     let n = |k: &str| shared[k].as_u64().unwrap_or(0);
     report.line(&format!(
-        "  the hub's watch cache: {} lists and {} watches served from its sets; {} checks sent as the client (one-item lists, watches of no object), {} reads passed to the cloud",
+        "  the hub's watch cache: {} lists and {} watches served from its sets; {} checks sent as the client (one-item lists, watches of no object), {} reads passed to the cloud{}",
         n("lists_served"),
         n("watches_served"),
         n("checks"),
-        n("passed_to_cloud")
+        n("passed_to_cloud"),
+        match shared["last_passed"].as_str() {
+            Some(why) if !why.is_empty() => format!(" (the latest: {why})"),
+            _ => String::new(),
+        }
     ));
     let equal = o.views.iter().filter(|(_, ok)| *ok).count();
     report.line(&format!(

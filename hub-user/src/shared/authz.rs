@@ -17,11 +17,13 @@ const MAX_ENTRIES: usize = 8192;
 pub struct Scope {
     /// The cache's name for the credential (a SHA-256 of a token, or the node).
     pub credential: String,
-    /// `list` or `watch` (kube-apiserver authorizes them apart).
+    /// `get`, `list` or `watch` (kube-apiserver authorizes them apart).
     pub verb: &'static str,
     pub gvr: String,
     /// Empty for all namespaces.
     pub namespace: String,
+    /// The object a GET names (RBAC may allow some names only); empty for a collection.
+    pub name: String,
     pub label_selector: String,
     pub field_selector: String,
 }
@@ -89,6 +91,7 @@ mod tests {
             verb,
             gvr: "/v1/services".into(),
             namespace: String::new(),
+            name: String::new(),
             label_selector: String::new(),
             field_selector: fields.into(),
         }

@@ -12,6 +12,11 @@
 //! resourceVersion is checked every time, and answered only once the set has passed the
 //! resourceVersion the check stood at (`sync::probe` shows the cloud's progress).
 //!
+//! A GET at any resourceVersion (`resourceVersion=0`, as kube-apiserver answers from its
+//! watch cache) of an object a current set holds is answered from the set, once the cloud
+//! has lately answered the same credential's GET of that object; other GETs are the
+//! cloud's (a GET at the newest state costs the cloud no more than a check would).
+//!
 //! A list in pages is paged as kube-apiserver pages it, with its continue tokens: the next
 //! page is read from the set as it stood at the token's resourceVersion (its recent
 //! changes undone), so pages continue across the hub and the cloud either way.
@@ -73,12 +78,15 @@ const NO_OBJECT: &str = "metadata.name=hub/no-object";
 #[derive(Debug, Default)]
 pub struct Counts {
     pub lists: AtomicU64,
+    pub gets: AtomicU64,
     pub watches: AtomicU64,
     /// One-item lists and opened watches sent to learn a credential's authorization or
     /// the cloud's resourceVersion.
     pub checks: AtomicU64,
     /// Reads left to the cloud: the set could not answer them truthfully.
     pub passed: AtomicU64,
+    /// Why the latest of them was.
+    pub last_passed: Mutex<String>,
 }
 
 /// What `hub status` shows of the node-level watch cache.
@@ -86,9 +94,14 @@ pub struct Counts {
 pub struct Status {
     pub sets: Vec<set::Summary>,
     pub lists_served: u64,
+    #[serde(default)]
+    pub gets_served: u64,
     pub watches_served: u64,
     pub checks: u64,
     pub passed_to_cloud: u64,
+    /// Why the latest read passed to the cloud was (empty before any).
+    #[serde(default)]
+    pub last_passed: String,
     pub credentials_allowed: usize,
 }
 
@@ -131,12 +144,15 @@ impl Shared {
         }
     }
 
-    /// A collection LIST or watch of a shared resource.
+    /// A collection LIST or watch, or a GET of one object, of a shared resource.
     pub fn covers(&self, info: &RequestInfo) -> bool {
-        info.is_resource
-            && info.name.is_empty()
+        let read = match info.verb {
+            "list" | "watch" => info.name.is_empty(),
+            "get" => !info.name.is_empty(),
+            _ => false,
+        };
+        read && info.is_resource
             && info.subresource.is_empty()
-            && matches!(info.verb, "list" | "watch")
             && self.resources.iter().any(|g| info.gvr_is(g))
     }
 
@@ -167,6 +183,7 @@ impl Shared {
             verb,
             gvr: asked.info.gvr(),
             namespace: asked.info.namespace.clone(),
+            name: asked.info.name.clone(),
             label_selector: param(asked.query, "labelSelector"),
             field_selector: param(asked.query, "fieldSelector"),
         }
@@ -191,8 +208,16 @@ impl Shared {
         let answer = self.try_serve(asked).await;
         let counter = match (&answer, asked.info.verb) {
             (Ok(_), "watch") => &self.counts.watches,
+            (Ok(_), "get") => &self.counts.gets,
             (Ok(_), _) => &self.counts.lists,
-            (Err(Refusal::Unable(_)), _) => &self.counts.passed,
+            (Err(Refusal::Unable(why)), _) => {
+                *self
+                    .counts
+                    .last_passed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = why.clone();
+                &self.counts.passed
+            }
             (Err(Refusal::Final(_)), _) => return answer,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -201,6 +226,9 @@ impl Shared {
 
     async fn try_serve(&self, asked: &Asked<'_>) -> Result<Response<ProxyBody>, Refusal> {
         let (info, query) = (asked.info, asked.query);
+        if info.verb == "get" {
+            return self.get(asked).map_err(Refusal::from);
+        }
         if param(query, "resourceVersionMatch") == "Exact" {
             return Err("an exact resourceVersion is the cloud's".to_string().into());
         }
@@ -286,6 +314,38 @@ impl Shared {
             _ => set.snapshot().0,
         };
         Ok(list(snapshot, asked)?)
+    }
+
+    /// A GET at any resourceVersion from a current set, for a credential the cloud lately
+    /// answered the same GET. It never starts a set, nor sends a check: the GET itself
+    /// goes to the cloud instead, and its answer renews the memo (`learn`). An object the
+    /// set does not hold is the cloud's to answer (it may be newer than the set).
+    fn get(&self, asked: &Asked<'_>) -> Result<Response<ProxyBody>, String> {
+        let info = asked.info;
+        if param(asked.query, "resourceVersion") != "0" {
+            return Err("a GET at the newest state is the cloud's".into());
+        }
+        let set = self
+            .sets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&info.gvr())
+            .cloned()
+            .filter(|s| s.state() == State::Current)
+            .ok_or_else(|| format!("no current node-level set of {}", info.gvr()))?;
+        if !self.memo.allows(&self.scope(asked, "get")) {
+            return Err("the cloud has not lately answered this credential's GET of it".into());
+        }
+        let (item, rv) = set.get(&info.namespace, &info.name);
+        let item = item.ok_or_else(|| format!("the node-level set holds no {}", info.name))?;
+        answer_from(
+            "",
+            vec![(*item).clone()],
+            rv,
+            info,
+            asked.query,
+            asked.accept,
+        )
     }
 
     /// Whether the cloud lets this credential read this scope (the memo, or the client's own
@@ -463,9 +523,16 @@ impl Shared {
         Status {
             sets: summaries,
             lists_served: n(&self.counts.lists),
+            gets_served: n(&self.counts.gets),
             watches_served: n(&self.counts.watches),
             checks: n(&self.counts.checks),
             passed_to_cloud: n(&self.counts.passed),
+            last_passed: self
+                .counts
+                .last_passed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
             credentials_allowed: self.memo.len(),
         }
     }

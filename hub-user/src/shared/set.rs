@@ -196,6 +196,13 @@ impl Set {
         }
     }
 
+    /// One object of the set now, and the set's resourceVersion.
+    pub fn get(&self, namespace: &str, name: &str) -> (Option<Arc<Item>>, u64) {
+        let inner = self.lock();
+        let id = (namespace.to_string(), name.to_string());
+        (inner.objects.get(&id).cloned(), inner.rv)
+    }
+
     /// The set now, and a subscription to every change after it.
     pub fn snapshot(&self) -> (Snapshot, broadcast::Receiver<Msg>) {
         let inner = self.lock();
