@@ -158,9 +158,12 @@ pub async fn forward_parts(
     if let Some(h) = out.headers_mut() {
         copy_headers(&rparts.headers, h, false, false);
     }
-    // A watch's (or a followed log's) small pieces are merged into fewer TLS records; a
-    // whole answer already comes in full frames, and merging them would only copy it once
-    // more.
+    // A watch's (or a followed log's) small pieces are merged into fewer TLS records, and
+    // so is a protobuf list read over HTTP/1.1, which kube-apiserver 1.33+ writes in 2 KiB
+    // chunks (against 1.36: 11-14 % less CPU per 1000-pod list, latency unchanged). A
+    // JSON list is not: there the apiserver is slower than the hub, the merging waits
+    // for pieces it mostly does not get, and latency rose by 10-20 ms. Another answer
+    // already comes in full frames, and merging them would only copy it once more.
     let streaming = parts
         .uri
         .query()
@@ -178,6 +181,8 @@ pub async fn forward_parts(
         );
         let merged = super::coalesce::Coalesce::new(rbody.boxed()).boxed();
         CleanEnd::new(merged, framing, Cloud::gone(server.clone())).boxed()
+    } else if bulk && protobuf(&rparts.headers) {
+        super::coalesce::Coalesce::new(rbody.boxed()).boxed()
     } else {
         rbody.boxed()
     };
@@ -187,6 +192,15 @@ pub async fn forward_parts(
             .map_err(|e| ForwardError::Body(e.to_string()))?,
         server: server.url.authority(),
     })
+}
+
+/// An answer in Kubernetes' protobuf encoding.
+fn protobuf(headers: &hyper::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::cache::objects::Encoding::of_content_type)
+        == Some(crate::cache::objects::Encoding::Protobuf)
 }
 
 /// Forwards an upgrade request; on 101 from the cloud, splices client and cloud together.
