@@ -160,10 +160,10 @@ pub async fn forward_parts(
     }
     // A watch's (or a followed log's) small pieces are merged into fewer TLS records, and
     // so is a protobuf list read over HTTP/1.1, which kube-apiserver 1.33+ writes in 2 KiB
-    // chunks (against 1.36: 11-14 % less CPU per 1000-pod list, latency unchanged). A
-    // JSON list is not: there the apiserver is slower than the hub, the merging waits
-    // for pieces it mostly does not get, and latency rose by 10-20 ms. Another answer
-    // already comes in full frames, and merging them would only copy it once more.
+    // chunks (against 1.36: 11-15 % less CPU per 1000-pod list, latency no higher). A
+    // JSON list is not: against 1.36 its latency rose by 10-20 ms with the merging, for
+    // a reason not yet known. Another answer already comes in full frames, and merging
+    // them would only copy it once more.
     let streaming = parts
         .uri
         .query()
