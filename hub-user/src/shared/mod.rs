@@ -336,16 +336,7 @@ impl Shared {
         if !self.memo.allows(&self.scope(asked, "get")) {
             return Err("the cloud has not lately answered this credential's GET of it".into());
         }
-        let (item, rv) = set.get(&info.namespace, &info.name);
-        let item = item.ok_or_else(|| format!("the node-level set holds no {}", info.name))?;
-        answer_from(
-            "",
-            vec![(*item).clone()],
-            rv,
-            info,
-            asked.query,
-            asked.accept,
-        )
+        object(&set, info, asked.query, asked.accept)
     }
 
     /// Whether the cloud lets this credential read this scope (the memo, or the client's own
@@ -536,6 +527,19 @@ impl Shared {
             credentials_allowed: self.memo.len(),
         }
     }
+}
+
+/// A GET of one object from the set, in the client's encoding, as kube-apiserver answers
+/// it from its watch cache; an error when the set does not hold it.
+pub fn object(
+    set: &Set,
+    info: &RequestInfo,
+    query: &str,
+    accept: &str,
+) -> Result<Response<ProxyBody>, String> {
+    let (item, rv) = set.get(&info.namespace, &info.name);
+    let item = item.ok_or_else(|| format!("the node-level set holds no {}", info.name))?;
+    answer_from("", vec![(*item).clone()], rv, info, query, accept)
 }
 
 /// A LIST from the set: its items in the request's namespace, in pages when the client
