@@ -10,6 +10,7 @@ it saw. Starts etcd, kube-apiserver and the hub on loopback ports 52379, 36443, 
 10267, and stops them by PID.
 """
 import json, os, shutil, signal, socket, ssl, subprocess, sys, tempfile, time, urllib.request
+from peers_hub import hub_yaml
 PEERS, HUB = sys.argv[1], sys.argv[2]
 PKI = f"{PEERS}/pki"; ETCD, API, HUBP, ADMIN = 52379, 36443, 10443, 10267
 toks = [l.split(",") for l in open(f"{PKI}/tokens.csv").read().splitlines()]
@@ -51,25 +52,7 @@ try:
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "one"},
         "subjects": [{"kind": "User", "name": "alice", "apiGroup": "rbac.authorization.k8s.io"}]})
     assert c == 201, b
-    open(f"{work}/hub.yaml", "w").write(f"""nodeName: edge-node-1
-cloud:
-  servers: ["https://127.0.0.1:{API}"]
-  caFile: {PKI}/ca.crt
-  certFile: {PKI}/node-edge-node-1.crt
-  keyFile: {PKI}/node-edge-node-1.key
-intercept:
-  enabled: false
-listen:
-  proxy: 127.0.0.1:{HUBP+1}
-  tlsProxy: 127.0.0.1:{HUBP}
-  admin: 127.0.0.1:{ADMIN}
-tls:
-  certFile: {PKI}/serving.crt
-  keyFile: {PKI}/serving.key
-  clientCaFile: {PKI}/ca.crt
-cache:
-  dir: {work}/cache
-""")
+    open(f"{work}/hub.yaml", "w").write(hub_yaml(PKI, API, HUBP, ADMIN, f"{work}/cache"))
     start([HUB, "run", "--config", f"{work}/hub.yaml"], "hub.log")
     wait_port(HUBP)
     # The set starts on a list and must be current.

@@ -13,6 +13,7 @@ Starts etcd, kube-apiserver, the hub(s) and nginx on loopback ports 52379, 36443
 shuffled order, each opened by one unmeasured list; CPU is the processes' schedstat.
 """
 import json, os, random, shutil, signal, socket, ssl, statistics, subprocess, sys, tempfile, time, urllib.request
+from peers_hub import hub_yaml
 
 PEERS, HUB_BIN, ROUNDS, LISTS = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 HUB2_BIN = sys.argv[5] if len(sys.argv) > 5 else None
@@ -188,26 +189,7 @@ try:
         if not binary:
             continue
         os.makedirs(f"{work}/{label}", exist_ok=True)
-        cfg = f"""nodeName: edge-node-1
-cloud:
-  servers: ["https://127.0.0.1:{API_PORT}"]
-  caFile: {PKI}/ca.crt
-  certFile: {PKI}/node-edge-node-1.crt
-  keyFile: {PKI}/node-edge-node-1.key
-intercept:
-  enabled: false
-listen:
-  proxy: 127.0.0.1:{port + 1}
-  tlsProxy: 127.0.0.1:{port}
-  admin: 127.0.0.1:{admin}
-tls:
-  certFile: {PKI}/serving.crt
-  keyFile: {PKI}/serving.key
-  clientCaFile: {PKI}/ca.crt
-cache:
-  dir: {work}/{label}/cache
-  sharedResources: []
-"""
+        cfg = hub_yaml(PKI, API_PORT, port, admin, f"{work}/{label}/cache", "  sharedResources: []\n")
         open(f"{work}/{label}/hub.yaml", "w").write(cfg)
         h = start([binary, "run", "--config", f"{work}/{label}/hub.yaml"], f"{label}.log")
         wait_port(port, label)

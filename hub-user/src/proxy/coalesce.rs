@@ -224,14 +224,16 @@ mod tests {
     async fn what_is_held_goes_out_before_trailers_and_before_an_error() {
         let mut trailers = hyper::HeaderMap::new();
         trailers.insert("grpc-status", "0".parse().unwrap());
-        let source = TestFramesAndTrailers(
-            vec![
-                Ok(Frame::data(Bytes::from_static(b"ab"))),
-                Ok(Frame::data(Bytes::from_static(b"cd"))),
-                Ok(Frame::trailers(trailers)),
-            ]
-            .into(),
-        );
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        for f in [
+            Frame::data(Bytes::from_static(b"ab")),
+            Frame::data(Bytes::from_static(b"cd")),
+            Frame::trailers(trailers),
+        ] {
+            tx.send(Ok(f)).await.unwrap();
+        }
+        drop(tx);
+        let source = Channel(rx);
         let out = frames(Coalesce::new(source.boxed())).await;
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].as_ref().unwrap().data_ref().unwrap(), "abcd");
@@ -244,19 +246,6 @@ mod tests {
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].as_ref().unwrap().data_ref().unwrap(), "ab");
         assert!(out[1].is_err());
-    }
-
-    struct TestFramesAndTrailers(VecDeque<Result<Frame<Bytes>, BodyError>>);
-
-    impl Body for TestFramesAndTrailers {
-        type Data = Bytes;
-        type Error = BodyError;
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-            Poll::Ready(self.0.pop_front())
-        }
     }
 
     /// Frames as a connection task hands them on.
