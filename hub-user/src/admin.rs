@@ -424,7 +424,7 @@ pub fn render(s: &StatusReport) -> String {
         Some(c) => {
             let _ = writeln!(
                 out,
-                "cache:        {} entries ({} bytes on disk), {} written, {} stale skipped ({} by a metadata scan alone), {} deleted, {} rejected, {} write errors, {} pending",
+                "cache:        {} entries ({} bytes on disk), {} written, {} stale skipped ({} by a metadata scan alone), {} deleted, {} rejected, {} write errors, {} pending ({} bytes; streams waited for the writer {} times)",
                 c.entries,
                 c.file_bytes,
                 c.written,
@@ -433,7 +433,9 @@ pub fn render(s: &StatusReport) -> String {
                 c.deleted,
                 c.rejected,
                 c.write_errors,
-                c.pending
+                c.pending,
+                c.pending_bytes,
+                c.writer_waits
             );
             if c.offline_accepted + c.queued > 0 {
                 let _ = writeln!(

@@ -92,7 +92,17 @@ impl Collector for CacheCollector {
             }
         }
         let help = "Objects recognised as already stored by a metadata scan alone, not parsed";
-        counters(&mut encoder, &[("scanned_only", help, s.scanned_only)])?;
+        counters(
+            &mut encoder,
+            &[
+                ("scanned_only", help, s.scanned_only),
+                (
+                    "writer_waits",
+                    "Times a watch stream waited for the cache writer to catch up",
+                    s.writer_waits,
+                ),
+            ],
+        )?;
         gauges(
             &mut encoder,
             &[
@@ -106,6 +116,11 @@ impl Collector for CacheCollector {
                     "queued_writes",
                     "Offline writes waiting for the cloud",
                     s.queued as i64,
+                ),
+                (
+                    "pending_bytes",
+                    "Bytes of answers and events waiting for the cache writer",
+                    s.pending_bytes as i64,
                 ),
             ],
         )?;

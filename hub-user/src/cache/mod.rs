@@ -15,6 +15,7 @@ pub mod objects;
 pub mod offline;
 pub mod paging;
 mod repeats;
+mod room;
 mod scan;
 pub mod select;
 pub mod serve;
@@ -110,6 +111,12 @@ pub struct CacheStatus {
     pub too_large: u64,
     pub write_errors: u64,
     pub pending: i64,
+    /// About how many bytes the pending writes hold.
+    #[serde(default)]
+    pub pending_bytes: u64,
+    /// Times a watch stream waited for the writer to catch up (past its queue's bound).
+    #[serde(default)]
+    pub writer_waits: u64,
     pub offline_accepted: u64,
     /// Writes accepted offline and not yet replayed to the cloud.
     pub queued: u64,
@@ -416,6 +423,8 @@ impl Cache {
             too_large: s.too_large.load(Relaxed),
             write_errors: s.write_errors.load(Relaxed),
             pending: s.pending.load(Relaxed),
+            pending_bytes: self.writer.queued_bytes() as u64,
+            writer_waits: self.writer.waits(),
             offline_accepted: s.offline_accepted.load(Relaxed),
             queued: self.store.queue_len().unwrap_or_default(),
             replayed: s.replayed.load(Relaxed),

@@ -6,6 +6,7 @@
 //! answer), or the tee decodes a gzipped watch stream piece by piece to split its events.
 use std::{
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
 };
 
@@ -38,7 +39,8 @@ enum Sink {
     /// A watch: events are split off as they complete.
     Events {
         carry: BytesMut,
-        target: Target,
+        /// Shared by every event handed over (a clone per event cost as much as its copy).
+        target: Arc<Target>,
         broken: bool,
         /// Decodes a gzipped stream before it is split (boxed: watches are rarely gzipped).
         gunzip: Option<Box<gzip::Decoder>>,
@@ -90,7 +92,7 @@ impl Tee {
             inner,
             sink: Sink::Events {
                 carry: BytesMut::new(),
-                target,
+                target: Arc::new(target),
                 broken: false,
                 gunzip: gzip.then(|| Box::new(gzip::Decoder::new(MAX_EVENT))),
                 initial: streamed_list.then(Initial::default),
@@ -197,7 +199,7 @@ impl Tee {
 /// the bookmark that ends them and then handed over together, as the list they are; a
 /// stream that ends or fails (an ERROR event) before it changes nothing held. Too large a
 /// set is given up: its events are then stored one by one, as a plain watch's are.
-fn pass_on(writer: &Writer, target: &mut Target, initial: &mut Option<Initial>, frame: Bytes) {
+fn pass_on(writer: &Writer, target: &mut Arc<Target>, initial: &mut Option<Initial>, frame: Bytes) {
     let Some(set) = initial else {
         writer.send(Op::Event {
             target: target.clone(),
@@ -216,12 +218,12 @@ fn pass_on(writer: &Writer, target: &mut Target, initial: &mut Option<Initial>, 
             *initial = None;
             if let TargetKind::Watch {
                 keeps_list_from, ..
-            } = &mut target.kind
+            } = &mut Arc::make_mut(target).kind
             {
                 *keeps_list_from = Some(end.rv);
             }
             writer.send(Op::StreamedList {
-                target: target.clone(),
+                target: Target::clone(target),
                 frames,
                 end,
             });
@@ -247,6 +249,13 @@ impl Body for Tee {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        // A watch reads no further while the writer is too far behind (see `room`).
+        if matches!(self.sink, Sink::Events { broken: false, .. })
+            && !self.finished
+            && self.writer.poll_room(cx).is_pending()
+        {
+            return Poll::Pending;
+        }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
@@ -289,7 +298,10 @@ mod tests {
     use super::*;
     use crate::cache::{
         store::{self, Store},
-        writer::tests::{list, pod, pods_target, writer_on_temp_store},
+        writer::tests::{
+            detached_writer, done_with, list, pod, pods_target, writer_on_temp_store,
+            writer_on_temp_store_within,
+        },
     };
 
     fn added(name: &str, rv: u64) -> Result<Bytes, BodyError> {
@@ -328,6 +340,95 @@ mod tests {
             .unwrap()
             .block_on(tee.collect());
         drop(collected);
+    }
+
+    fn pods_watch() -> Target {
+        pods_target(TargetKind::Watch {
+            selection_may_change: false,
+            namespace: "d".into(),
+            selector: Default::default(),
+            keeps_list_from: None,
+        })
+    }
+
+    /// Past the writer's budget a watch reads nothing more from the cloud (the client
+    /// gets nothing more either) until the writer is done with what it holds; then it
+    /// goes on where it stopped.
+    #[test]
+    fn a_watch_waits_while_the_writer_is_behind_and_goes_on_when_it_catches_up() {
+        let (dir, writer, queued) = detached_writer(1);
+        let frames = vec![added("a", 1), added("b", 2), added("c", 3)];
+        let expected: Vec<Bytes> = frames.iter().map(|f| f.as_ref().unwrap().clone()).collect();
+        let body = crate::body::TestFrames(frames.into()).boxed();
+        let mut tee = Tee::events(body, pods_watch(), false, false, writer.clone());
+        let woken = Arc::new(Woken::default());
+        let waker = std::task::Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut next = |tee: &mut Tee| match Pin::new(tee).poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(frame))) => Some(frame.into_data().unwrap()),
+            Poll::Ready(other) => panic!("unexpected {:?}", other.map(|r| r.is_ok())),
+            Poll::Pending => None,
+        };
+
+        assert_eq!(next(&mut tee), Some(expected[0].clone()), "an empty queue");
+        assert_eq!(
+            next(&mut tee),
+            None,
+            "a's event is over the budget of 1 byte"
+        );
+        assert_eq!(next(&mut tee), None, "still behind");
+        let a = queued.try_recv().unwrap();
+        assert!(queued.try_recv().is_err(), "b was not read from the cloud");
+        assert_eq!(woken.count(), 0);
+
+        done_with(&writer, &a);
+        assert_eq!(woken.count(), 1, "the writer's progress wakes the stream");
+        assert_eq!(next(&mut tee), Some(expected[1].clone()));
+        assert_eq!(next(&mut tee), None);
+        done_with(&writer, &queued.try_recv().unwrap());
+        assert_eq!(next(&mut tee), Some(expected[2].clone()));
+        assert_eq!(writer.waits(), 3);
+        drop((tee, writer, queued));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[derive(Default)]
+    struct Woken(std::sync::atomic::AtomicUsize);
+    impl Woken {
+        fn count(&self) -> usize {
+            self.0.load(Ordering::Relaxed)
+        }
+    }
+    impl std::task::Wake for Woken {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A burst of events far past the writer's budget reaches the client whole, in
+    /// order, and every event reaches the store.
+    #[test]
+    fn a_burst_past_the_writer_s_budget_loses_nothing() {
+        let (dir, store, _stats, writer) = writer_on_temp_store_within("burst", 4096);
+        let frames: Vec<_> = (0..500).map(|i| added(&format!("p{i}"), 10 + i)).collect();
+        let expected: Vec<Bytes> = frames.iter().map(|f| f.as_ref().unwrap().clone()).collect();
+        let body = crate::body::TestFrames(frames.into()).boxed();
+        let tee = Tee::events(body, pods_watch(), false, false, writer.clone());
+        let delivered = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(tee.collect())
+            .unwrap()
+            .to_bytes();
+        assert_eq!(delivered, expected.concat());
+        writer.flush_within(Duration::from_secs(60));
+        let mut stored = live(&store);
+        stored.sort_by_key(|(_, rv)| *rv);
+        let want: Vec<(String, u64)> = (0..500).map(|i| (format!("p{i}"), 10 + i)).collect();
+        assert_eq!(stored, want);
+        assert_eq!(writer.queued_bytes(), 0);
+        drop(writer);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     fn live(store: &Store) -> Vec<(String, u64)> {

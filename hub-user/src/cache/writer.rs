@@ -1,7 +1,8 @@
 //! The cache writer: one thread that receives teed answers in arrival order, parses them
 //! and applies them to the store in batches (one transaction per batch: group commit), so
-//! the data path never waits for the disk and no write is dropped under back-to-back lists
-//! (YurtHub dropped ~90% with "key under accessing").
+//! the data path does not wait for the disk and no write is dropped under back-to-back lists
+//! (YurtHub dropped ~90% with "key under accessing"). Only a watch stream that outruns the
+//! writer by more than [`room::BUDGET`] waits for it (see `room`).
 use std::{
     collections::HashMap,
     sync::{
@@ -20,6 +21,7 @@ use super::{
     fingerprint::{self, Fingerprint},
     objects::{self, Encoding, EventType, Item},
     repeats::{self, Repeats},
+    room::{self, Room},
     select::Selector,
     store::{self, Applied, ObjectKey, Snapshot, Store, Write},
 };
@@ -28,6 +30,9 @@ use super::{
 const BATCH_OPS: usize = 512;
 /// Batches with this many objects give their memory back to the OS afterwards.
 const TRIM_AFTER: usize = 1000;
+/// A queue that held this many bytes gives its memory back to the OS once drained (a
+/// burst of watch events otherwise stays as RSS).
+const TRIM_AFTER_QUEUED: usize = 1 << 20;
 /// A chunked list whose next page does not come within this time is abandoned.
 const STAGED_TTL: Duration = Duration::from_secs(300);
 /// Chunked lists in progress at once, at most.
@@ -137,7 +142,7 @@ pub enum Op {
         gzip: bool,
     },
     Event {
-        target: Target,
+        target: Arc<Target>,
         frame: Bytes,
     },
     /// The initial events of a streamed list (`watch?sendInitialEvents=true`) up to the
@@ -153,6 +158,18 @@ pub enum Op {
 }
 
 impl Op {
+    /// About what it holds in memory while queued.
+    fn bytes(&self) -> usize {
+        const OVERHEAD: usize = 256;
+        OVERHEAD
+            + match self {
+                Op::Whole { body, .. } => body.iter().map(Bytes::len).sum(),
+                Op::Event { frame, .. } => frame.len(),
+                Op::StreamedList { frames, .. } => frames.iter().map(Bytes::len).sum(),
+                Op::Flush(_) => 0,
+            }
+    }
+
     /// A single object or event, worth waiting a moment for company; a list is worth a
     /// wake-up of its own (and is on the writer sooner).
     fn is_small(&self) -> bool {
@@ -206,6 +223,7 @@ pub struct Writer {
     tx: mpsc::Sender<Op>,
     stats: Arc<Stats>,
     repeats: Arc<Repeats>,
+    room: Arc<Room>,
 }
 
 impl Writer {
@@ -223,10 +241,29 @@ impl Writer {
     }
 
     pub fn send(&self, op: Op) {
+        let bytes = op.bytes();
         self.stats.pending.fetch_add(1, Ordering::Relaxed);
+        self.room.add(bytes);
         if self.tx.send(op).is_err() {
             self.stats.pending.fetch_sub(1, Ordering::Relaxed);
+            self.room.done(bytes);
         }
+    }
+
+    /// Ready while the writer is less than [`room::BUDGET`] behind; a teed watch stream
+    /// polls this before it reads more from the cloud.
+    pub fn poll_room(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        self.room.poll(cx)
+    }
+
+    /// Times a watch stream waited for the writer to catch up.
+    pub fn waits(&self) -> u64 {
+        self.room.waits.load(Ordering::Relaxed)
+    }
+
+    /// About how many bytes wait in its queue.
+    pub fn queued_bytes(&self) -> usize {
+        self.room.queued()
     }
 
     pub fn too_large(&self) {
@@ -253,21 +290,51 @@ struct Staged {
 
 /// Starts the writer thread for `store`.
 pub fn start(store: Arc<Store>, stats: Arc<Stats>) -> Writer {
+    spawn(store, stats, room::BUDGET)
+}
+
+/// [`start`] with `budget` as the bound on what may wait in its queue.
+fn spawn(store: Arc<Store>, stats: Arc<Stats>, budget: usize) -> Writer {
     let (tx, rx) = mpsc::channel::<Op>();
     let thread_stats = stats.clone();
     let repeats = Arc::new(Repeats::new(store.clone()));
     let thread_repeats = repeats.clone();
+    let room = Arc::new(Room::new(budget));
+    let thread_room = room.clone();
     std::thread::Builder::new()
         .name("hub-cache-writer".into())
-        .spawn(move || run(store, rx, thread_stats, &thread_repeats))
+        .spawn(move || {
+            // Closed however the thread ends (a panic included), so no stream waits on it.
+            struct CloseOnExit(Arc<Room>);
+            impl Drop for CloseOnExit {
+                fn drop(&mut self) {
+                    self.0.close();
+                }
+            }
+            let room = CloseOnExit(thread_room);
+            run(store, rx, thread_stats, &thread_repeats, &room.0)
+        })
         .expect("spawn cache writer thread");
-    Writer { tx, stats, repeats }
+    Writer {
+        tx,
+        stats,
+        repeats,
+        room,
+    }
 }
 
-fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>, repeats: &Repeats) {
+fn run(
+    store: Arc<Store>,
+    rx: mpsc::Receiver<Op>,
+    stats: Arc<Stats>,
+    repeats: &Repeats,
+    room: &Room,
+) {
     let mut staged: HashMap<String, Staged> = HashMap::new();
     let mut backlog = Backlog::default();
     let mut seen = SeenLists::default();
+    // The most the queue held since memory was last given back.
+    let mut queued_high = 0;
     loop {
         // With writes the store refused waiting, wake now and then to try them again.
         let first = if backlog.writes.is_empty() {
@@ -293,6 +360,8 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>, repeats: &R
         // Counted as pending until the batch is in the store (or refused), so "nothing
         // pending" means everything sent so far can be read back.
         let taken = ops.len() as i64;
+        let taken_bytes: usize = ops.iter().map(Op::bytes).sum();
+        queued_high = queued_high.max(room.queued());
         let mut writes = Vec::new();
         let mut flushes = Vec::new();
         // Taken at the first GET answer; the batch's writes come after all its questions.
@@ -355,10 +424,8 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>, repeats: &R
             if large {
                 // Parsed lists are freed now; give the memory back instead of keeping the
                 // peak as RSS.
-                // SAFETY: malloc_trim only releases free heap memory.
-                unsafe {
-                    libc::malloc_trim(0);
-                }
+                give_memory_back();
+                queued_high = 0;
             }
             match result {
                 Ok(a) => {
@@ -384,9 +451,21 @@ fn run(store: Arc<Store>, rx: mpsc::Receiver<Op>, stats: Arc<Stats>, repeats: &R
             }
         }
         stats.pending.fetch_sub(taken, Ordering::Relaxed);
+        room.done(taken_bytes);
+        if queued_high >= TRIM_AFTER_QUEUED && room.queued() == 0 {
+            give_memory_back();
+            queued_high = 0;
+        }
         for f in flushes {
             let _ = f.send(());
         }
+    }
+}
+
+fn give_memory_back() {
+    // SAFETY: malloc_trim only releases free heap memory.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -467,7 +546,8 @@ fn already_held(held: &mut Held, op: &Op) -> bool {
         _ => None,
     };
     let target = match op {
-        Op::Whole { target, .. } | Op::Event { target, .. } => target,
+        Op::Whole { target, .. } => target,
+        Op::Event { target, .. } => &**target,
         Op::StreamedList { .. } | Op::Flush(_) => return false,
     };
     id.is_some_and(|id| held.holds(target, &id))
@@ -941,12 +1021,12 @@ pub(crate) mod tests {
             String::from_utf8(pod(name, rv).to_vec()).unwrap()
         );
         Op::Event {
-            target: pods_target(TargetKind::Watch {
+            target: Arc::new(pods_target(TargetKind::Watch {
                 selection_may_change: false,
                 namespace: "d".into(),
                 selector: Default::default(),
                 keeps_list_from: None,
-            }),
+            })),
             frame: Bytes::from(frame),
         }
     }
@@ -955,11 +1035,41 @@ pub(crate) mod tests {
     pub(crate) fn writer_on_temp_store(
         tag: &str,
     ) -> (std::path::PathBuf, Arc<Store>, Arc<Stats>, Writer) {
+        writer_on_temp_store_within(tag, room::BUDGET)
+    }
+
+    /// [`writer_on_temp_store`], its queue bounded by `budget` bytes.
+    pub(crate) fn writer_on_temp_store_within(
+        tag: &str,
+        budget: usize,
+    ) -> (std::path::PathBuf, Arc<Store>, Arc<Stats>, Writer) {
         let dir = crate::files::fresh_test_dir(&format!("writer-{tag}"));
         let store = Arc::new(Store::open(&dir).unwrap());
         let stats = Arc::new(Stats::default());
-        let writer = start(store.clone(), stats.clone());
+        let writer = spawn(store.clone(), stats.clone(), budget);
         (dir, store, stats, writer)
+    }
+
+    /// A writer with no thread behind it, bounded by `budget` bytes: the test takes what
+    /// is sent from the receiver and says when it is done with each ([`done_with`]).
+    pub(crate) fn detached_writer(
+        budget: usize,
+    ) -> (std::path::PathBuf, Writer, mpsc::Receiver<Op>) {
+        let (tx, rx) = mpsc::channel();
+        let dir = crate::files::fresh_test_dir("writer-detached");
+        let store = Arc::new(Store::open(&dir).unwrap());
+        let writer = Writer {
+            tx,
+            stats: Arc::new(Stats::default()),
+            repeats: Arc::new(Repeats::new(store)),
+            room: Arc::new(Room::new(budget)),
+        };
+        (dir, writer, rx)
+    }
+
+    /// What the writer thread does once `op` is applied.
+    pub(crate) fn done_with(writer: &Writer, op: &Op) {
+        writer.room.done(op.bytes());
     }
 
     /// A relist with the items of the last list stored whole only moves the list's
