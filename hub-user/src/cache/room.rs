@@ -14,9 +14,9 @@ use std::{
     task::{Context, Poll, Waker},
 };
 
-/// Bytes queued to the writer past which teed watch streams wait. (bench proxy, both
-/// builds in the same rounds: peak RSS 39.1 MiB against 42.0 without a bound; its
-/// 10k-event watch then ran at 0.95-1.08x direct's events/s against 1.33-1.39x.)
+/// Bytes queued to the writer past which teed watch streams wait. (bench proxy, 3 runs
+/// with the build before alongside: peak RSS 41.8-42.6 MiB against 42.5-45.9; its
+/// 10k-event watch ran at 0.91-1.22x direct's events/s against 1.34-1.49x.)
 pub const BUDGET: usize = 4 << 20;
 
 pub struct Room {
