@@ -114,6 +114,9 @@ try:
     c = cache_status()
     print(f"cache: {c['entries']} entries, {c['written']} written, {c['pending']} pending "
           f"({c.get('pending_bytes')} bytes), writer waits {c.get('writer_waits')}, rejected {c['rejected']}")
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{ADMIN}/metrics", timeout=10).read().decode()
+    print("metrics:", "; ".join(l for l in metrics.splitlines()
+                                if l.startswith(("hub_cache_writer_waits", "hub_cache_pending_bytes"))))
     out = subprocess.run([HUB, "cache", "ls", "--dir", f"{work}/cache", "--resource", "configmaps"], capture_output=True, text=True)
     names = sum(1 for l in out.stdout.splitlines() if "configmaps" in l and "cm-" in l)
     print(f"hub cache ls: {names} configmaps listed (exit {out.returncode}{', ' + out.stderr.strip()[:200] if out.returncode else ''})")
