@@ -9,37 +9,19 @@ apiserver's own answer in JSON and protobuf; the other service stays refused. Pr
 it saw. Starts etcd, kube-apiserver and the hub on loopback ports 52379, 36443, 10443 and
 10267, and stops them by PID.
 """
-import json, os, shutil, signal, socket, ssl, subprocess, sys, tempfile, time, urllib.request
-from peers_hub import hub_yaml
+import json, shutil, ssl, sys, tempfile, time, urllib.request
+from peers_hub import Procs, hub_yaml, request, start_cloud, wait_port
 PEERS, HUB = sys.argv[1], sys.argv[2]
 PKI = f"{PEERS}/pki"; ETCD, API, HUBP, ADMIN = 52379, 36443, 10443, 10267
 toks = [l.split(",") for l in open(f"{PKI}/tokens.csv").read().splitlines()]
 ADMIN_T = toks[0][0]; ALICE_T = toks[1][0]
-work = tempfile.mkdtemp(prefix="getcheck-"); procs = []
-def start(a, log): p = subprocess.Popen(a, stdout=open(f"{work}/{log}", "w"), stderr=subprocess.STDOUT); procs.append(p); return p
-def wait_port(port):
-    for _ in range(300):
-        try: socket.create_connection(("127.0.0.1", port), 1).close(); return
-        except OSError: time.sleep(0.3)
-    raise SystemExit(f"no {port}")
+work = tempfile.mkdtemp(prefix="getcheck-"); procs = Procs(work)
 ctx = ssl.create_default_context(cafile=f"{PKI}/ca.crt")
 def req(method, path, token, port=API, body=None, accept="application/json"):
-    r = urllib.request.Request(f"https://127.0.0.1:{port}{path}", method=method, data=json.dumps(body).encode() if body else None,
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": accept})
-    try:
-        with urllib.request.urlopen(r, context=ctx, timeout=30) as x: return x.status, x.read()
-    except urllib.error.HTTPError as e: return e.code, e.read()
+    return request(ctx, port, method, path, token, body, accept)
 def status(): return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{ADMIN}/v1/status", timeout=10).read())["node_watch_cache"]
 try:
-    etcd = [f for f in os.listdir(f"{PEERS}/bin") if f.startswith("etcd-")][0]
-    start([f"{PEERS}/bin/{etcd}", "--data-dir", f"{work}/etcd", "--listen-client-urls", f"http://127.0.0.1:{ETCD}",
-           "--advertise-client-urls", f"http://127.0.0.1:{ETCD}", "--listen-peer-urls", f"http://127.0.0.1:{ETCD+1}"], "etcd.log")
-    wait_port(ETCD)
-    start([f"{PEERS}/tools/start-apiserver.sh", f"http://127.0.0.1:{ETCD}", str(API), "Node,RBAC"], "api.log")
-    wait_port(API)
-    for _ in range(240):
-        if req("GET", "/readyz", ADMIN_T)[0] == 200: break
-        time.sleep(0.5)
+    start_cloud(procs, PEERS, ETCD, API, ADMIN_T, ctx)
     print("version", json.loads(req("GET", "/version", ADMIN_T)[1])["gitVersion"])
     req("POST", "/api/v1/namespaces", ADMIN_T, body={"metadata": {"name": "a"}})
     for n in ("svc-a", "svc-b"):
@@ -53,8 +35,8 @@ try:
         "subjects": [{"kind": "User", "name": "alice", "apiGroup": "rbac.authorization.k8s.io"}]})
     assert c == 201, b
     open(f"{work}/hub.yaml", "w").write(hub_yaml(PKI, API, HUBP, ADMIN, f"{work}/cache"))
-    start([HUB, "run", "--config", f"{work}/hub.yaml"], "hub.log")
-    wait_port(HUBP)
+    procs.start([HUB, "run", "--config", f"{work}/hub.yaml"], "hub.log")
+    wait_port(HUBP, "the hub")
     # The set starts on a list and must be current.
     for _ in range(100):
         req("GET", "/api/v1/services?resourceVersion=0", ADMIN_T, port=HUBP)
@@ -82,9 +64,5 @@ try:
         time.sleep(0.1)
     print("after the change: hub rv", json.loads(r[1])["metadata"]["resourceVersion"], "cloud rv", newrv, "gets_served", status()["gets_served"] - g0)
 finally:
-    for p in reversed(procs):
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try: p.wait(15)
-            except subprocess.TimeoutExpired: p.kill(); p.wait()
+    procs.stop()
     shutil.rmtree(work, ignore_errors=True)

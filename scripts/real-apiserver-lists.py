@@ -13,7 +13,7 @@ Starts etcd, kube-apiserver, the hub(s) and nginx on loopback ports 52379, 36443
 shuffled order, each opened by one unmeasured list; CPU is the processes' schedstat.
 """
 import json, os, random, shutil, signal, socket, ssl, statistics, subprocess, sys, tempfile, time, urllib.request
-from peers_hub import hub_yaml
+from peers_hub import Procs, hub_yaml, request, start_cloud, wait_port
 
 PEERS, HUB_BIN, ROUNDS, LISTS = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 HUB2_BIN = sys.argv[5] if len(sys.argv) > 5 else None
@@ -22,49 +22,13 @@ ETCD_PORT, API_PORT, HUB_PORT, HUB_ADMIN, NGINX_PORT = 52379, 36443, 10443, 1026
 HUB2_PORT, HUB2_ADMIN = 10453, 10277
 TOKEN = open(f"{PKI}/tokens.csv").read().split(",")[0]
 work = tempfile.mkdtemp(prefix="real-apiserver-lists-")
-procs = []
-
-
-def start(args, log, **kw):
-    p = subprocess.Popen(args, stdout=open(f"{work}/{log}", "w"), stderr=subprocess.STDOUT, **kw)
-    procs.append(p)
-    return p
-
-
-def stop_all():
-    for p in reversed(procs):
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-def wait_port(port, what, secs=60):
-    end = time.time() + secs
-    while time.time() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), 1).close()
-            return
-        except OSError:
-            time.sleep(0.3)
-    raise SystemExit(f"{what} did not listen on {port}")
-
-
+procs = Procs(work)
+start, stop_all = procs.start, procs.stop
 ctx = ssl.create_default_context(cafile=f"{PKI}/ca.crt")
 
 
 def api(method, path, body=None, port=API_PORT):
-    req = urllib.request.Request(f"https://127.0.0.1:{port}{path}", method=method,
-                                 data=json.dumps(body).encode() if body else None,
-                                 headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, context=ctx, timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+    return request(ctx, port, method, path, TOKEN, body)
 
 
 def task_cpu_ns(pid):
@@ -129,18 +93,7 @@ def curl_lists(port, accept, n, ua):
 
 
 try:
-    start([f"{PEERS}/bin/" + next(f for f in os.listdir(f"{PEERS}/bin") if f.startswith("etcd-")),
-           "--data-dir", f"{work}/etcd", "--listen-client-urls", f"http://127.0.0.1:{ETCD_PORT}",
-           "--advertise-client-urls", f"http://127.0.0.1:{ETCD_PORT}",
-           "--listen-peer-urls", f"http://127.0.0.1:{ETCD_PORT + 1}", "--quota-backend-bytes", "4294967296"], "etcd.log")
-    wait_port(ETCD_PORT, "etcd")
-    apiserver = start([f"{PEERS}/tools/start-apiserver.sh", f"http://127.0.0.1:{ETCD_PORT}", str(API_PORT), "Node,RBAC"],
-                      "apiserver.log")
-    wait_port(API_PORT, "kube-apiserver", 120)
-    end = time.time() + 120
-    while api("GET", "/readyz")[0] != 200:
-        assert time.time() < end, "apiserver not ready"
-        time.sleep(0.5)
+    apiserver = start_cloud(procs, PEERS, ETCD_PORT, API_PORT, TOKEN, ctx)
     version = json.loads(api("GET", "/version")[1])["gitVersion"]
     api("POST", "/api/v1/namespaces", {"metadata": {"name": "bench"}})
     api("POST", "/api/v1/namespaces/bench/serviceaccounts", {"metadata": {"name": "default"}})

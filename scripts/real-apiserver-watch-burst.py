@@ -11,8 +11,8 @@ it past its bound (`hub status`: writer_waits); the check is that nothing is los
 way or in the cache. Starts etcd, kube-apiserver and the hub on loopback ports 52379,
 36443, 10443 and 10267, and stops them by PID.
 """
-import concurrent.futures, json, os, shutil, signal, socket, ssl, subprocess, sys, tempfile, time, urllib.request
-from peers_hub import hub_yaml
+import concurrent.futures, json, shutil, ssl, subprocess, sys, tempfile, time, urllib.request
+from peers_hub import Procs, hub_yaml, request, start_cloud, wait_port
 
 PEERS, HUB = sys.argv[1], sys.argv[2]
 COUNT = int(sys.argv[3]) if len(sys.argv) > 3 else 10000
@@ -21,35 +21,12 @@ ETCD, API, HUBP, ADMIN = 52379, 36443, 10443, 10267
 TOKEN = open(f"{PKI}/tokens.csv").read().split(",")[0]
 UA = "kubelet/v1.36.3 (linux/amd64) kubernetes/7b29fb0"
 work = tempfile.mkdtemp(prefix="watch-burst-")
-procs = []
+procs = Procs(work)
 ctx = ssl.create_default_context(cafile=f"{PKI}/ca.crt")
 
 
-def start(args, log):
-    p = subprocess.Popen(args, stdout=open(f"{work}/{log}", "w"), stderr=subprocess.STDOUT)
-    procs.append(p)
-    return p
-
-
-def wait_port(port):
-    for _ in range(300):
-        try:
-            socket.create_connection(("127.0.0.1", port), 1).close()
-            return
-        except OSError:
-            time.sleep(0.3)
-    raise SystemExit(f"nothing listens on {port}")
-
-
-def req(method, path, port=API, body=None):
-    r = urllib.request.Request(f"https://127.0.0.1:{port}{path}", method=method,
-                               data=json.dumps(body).encode() if body else None,
-                               headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(r, context=ctx, timeout=60) as x:
-            return x.status, x.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+def req(method, path, body=None):
+    return request(ctx, API, method, path, TOKEN, body, timeout=60)
 
 
 def cache_status():
@@ -74,17 +51,7 @@ def watch_events(port, count):
 
 
 try:
-    etcd = [f for f in os.listdir(f"{PEERS}/bin") if f.startswith("etcd-")][0]
-    start([f"{PEERS}/bin/{etcd}", "--data-dir", f"{work}/etcd", "--listen-client-urls", f"http://127.0.0.1:{ETCD}",
-           "--advertise-client-urls", f"http://127.0.0.1:{ETCD}", "--listen-peer-urls", f"http://127.0.0.1:{ETCD + 1}",
-           "--quota-backend-bytes", str(4 << 30)], "etcd.log")
-    wait_port(ETCD)
-    start([f"{PEERS}/tools/start-apiserver.sh", f"http://127.0.0.1:{ETCD}", str(API), "Node,RBAC"], "api.log")
-    wait_port(API)
-    for _ in range(240):
-        if req("GET", "/readyz")[0] == 200:
-            break
-        time.sleep(0.5)
+    start_cloud(procs, PEERS, ETCD, API, TOKEN, ctx)
     print("version", json.loads(req("GET", "/version")[1])["gitVersion"], flush=True)
     req("POST", "/api/v1/namespaces", body={"metadata": {"name": "burst"}})
     filler = "x" * 1000
@@ -99,8 +66,8 @@ try:
         list(pool.map(create, range(COUNT)))
     print(f"{COUNT} configmaps created in {time.time() - t:.1f} s", flush=True)
     open(f"{work}/hub.yaml", "w").write(hub_yaml(PKI, API, HUBP, ADMIN, f"{work}/cache"))
-    start([HUB, "run", "--config", f"{work}/hub.yaml"], "hub.log")
-    wait_port(HUBP)
+    procs.start([HUB, "run", "--config", f"{work}/hub.yaml"], "hub.log")
+    wait_port(HUBP, "the hub")
     direct, direct_s = watch_events(API, COUNT)
     via, via_s = watch_events(HUBP, COUNT)
     print(f"direct: {len(direct)} events in {direct_s:.2f} s; through the hub: {len(via)} in {via_s:.2f} s")
@@ -121,12 +88,5 @@ try:
     names = sum(1 for l in out.stdout.splitlines() if "configmaps" in l and "cm-" in l)
     print(f"hub cache ls: {names} configmaps listed (exit {out.returncode}{', ' + out.stderr.strip()[:200] if out.returncode else ''})")
 finally:
-    for p in reversed(procs):
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+    procs.stop()
     shutil.rmtree(work, ignore_errors=True)
