@@ -96,13 +96,20 @@ impl Room {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::{sync::Arc, task::Wake};
 
     use super::*;
 
-    struct Count(AtomicUsize);
-    impl Wake for Count {
+    /// A waker that counts its wake-ups.
+    #[derive(Default)]
+    pub(crate) struct Woken(AtomicUsize);
+    impl Woken {
+        pub(crate) fn count(&self) -> usize {
+            self.0.load(Ordering::Relaxed)
+        }
+    }
+    impl Wake for Woken {
         fn wake(self: Arc<Self>) {
             self.0.fetch_add(1, Ordering::Relaxed);
         }
@@ -113,7 +120,7 @@ mod tests {
     #[test]
     fn a_stream_waits_over_the_budget_and_is_woken_when_the_writer_is_back_under_it() {
         let room = Room::new(100);
-        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let count = Arc::new(Woken::default());
         let waker = Waker::from(count.clone());
         let mut cx = Context::from_waker(&waker);
         room.add(100);
@@ -126,14 +133,14 @@ mod tests {
         );
         assert_eq!(room.waiting.lock().unwrap().len(), 1);
         room.done(1);
-        assert_eq!(count.0.load(Ordering::Relaxed), 1, "woken once");
+        assert_eq!(count.count(), 1, "woken once");
         assert!(room.poll(&mut cx).is_ready());
         assert_eq!(room.waits.load(Ordering::Relaxed), 2);
 
         room.add(50);
         assert!(room.poll(&mut cx).is_pending());
         room.close();
-        assert_eq!(count.0.load(Ordering::Relaxed), 2);
+        assert_eq!(count.count(), 2);
         assert!(room.poll(&mut cx).is_ready(), "a closed writer: no waiting");
     }
 }

@@ -297,6 +297,7 @@ mod tests {
 
     use super::*;
     use crate::cache::{
+        room::tests::Woken,
         store::{self, Store},
         writer::tests::{
             detached_writer, done_with, list, pod, pods_target, writer_on_temp_store,
@@ -390,19 +391,6 @@ mod tests {
         assert_eq!(writer.waits(), 3);
         drop((tee, writer, queued));
         std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[derive(Default)]
-    struct Woken(std::sync::atomic::AtomicUsize);
-    impl Woken {
-        fn count(&self) -> usize {
-            self.0.load(Ordering::Relaxed)
-        }
-    }
-    impl std::task::Wake for Woken {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
     }
 
     /// A burst of events far past the writer's budget reaches the client whole, in
