@@ -13,6 +13,7 @@ use hub_tests::{
         ADMIN_TOKEN, Options,
         auth::Rule,
         client::{Client, Reply},
+        faults::FaultSettings,
         seed,
     },
     hub::LOOPBACK_NODE,
@@ -450,6 +451,83 @@ fn a_watch_resumes_from_the_set_and_below_its_window_gets_410() {
     assert_eq!(e["type"], "ERROR", "{e}");
     assert_eq!(e["object"]["code"], 410, "{e}");
     assert_eq!(e["object"]["reason"], "Expired", "{e}");
+}
+
+/// At the end of a cut the cloud's connections come back, and the set's own watch and its
+/// clients' watches open again at the same moment. A client that resumes while the set's
+/// watch is still being opened waits for it and is answered from the set, not the cloud.
+#[test]
+fn a_watch_resumed_while_the_set_s_own_watch_reopens_comes_from_the_set() {
+    let s = cloud_with_services("");
+    let hub = s.start_hub();
+    let [kubelet, ..] = clients(&s, s.hub_addr());
+    let admin = Client::new(s.cloud.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
+    let path = "/api/v1/namespaces/ns1/services";
+    let list = get(&kubelet, path);
+    assert_eq!(list.status, 200);
+    set_current(&hub, &kubelet);
+    let rv: Value = serde_json::from_slice(&list.body).unwrap();
+    let rv = rv["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The kubelet's watch once, so the cloud has answered its credential's watch.
+    drop(kubelet.watch_from(path, &rv));
+    let set_state = || {
+        hub.status()["node_watch_cache"]["sets"][0]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    wait_for("the set to be current", Duration::from_secs(20), || {
+        (set_state() == "current").then_some(())
+    });
+
+    // The cloud drops every connection, and from now on answers 4 s late (its PINGs at
+    // once): the set's own watch is opened again 4 s after the hub asks.
+    s.cloud.set_faults(FaultSettings {
+        latency_ms: 4000,
+        ..FaultSettings::default()
+    });
+    s.cloud.stop_listening();
+    s.cloud.start_listening().unwrap();
+    wait_for(
+        "the set's watch to break while the cloud answers",
+        Duration::from_secs(20),
+        || {
+            let healthy = hub.status()["cloud"][0]["healthy"] == true;
+            (healthy && set_state().starts_with("resuming")).then_some(())
+        },
+    );
+    let served = || {
+        hub.status()["node_watch_cache"]["watches_served"]
+            .as_u64()
+            .unwrap()
+    };
+    let (served_before, audited_before) = (served(), s.cloud.audit().len());
+    let mut w = kubelet.watch_from(path, &rv);
+    let svc = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "after-the-cut", "namespace": "ns1"}, "spec": {"ports": [{"port": 83}]}});
+    assert_eq!(admin.send_json("POST", path, &svc).status, 201);
+    let added = loop {
+        let e = w.next_event(Duration::from_secs(30)).expect("an event");
+        if e["type"] != "BOOKMARK" {
+            break e;
+        }
+    };
+    assert_eq!(added["type"], "ADDED", "{added}");
+    assert_eq!(added["object"]["metadata"]["name"], "after-the-cut");
+    assert_eq!(
+        served(),
+        served_before + 1,
+        "the resumed watch came from the set"
+    );
+    let to_the_cloud: Vec<String> = s.cloud.audit()[audited_before..]
+        .iter()
+        .filter(|e| e.path.starts_with(path) && e.path.contains("watch"))
+        .map(|e| e.path.clone())
+        .collect();
+    assert!(to_the_cloud.is_empty(), "{to_the_cloud:?}");
 }
 
 /// A page's items as (namespace/name, resourceVersion), and its continue token and

@@ -246,7 +246,10 @@ impl Shared {
         };
         match set.state() {
             State::Current => {}
-            State::Filling if set.current_within(FRESH_WAIT).await => {}
+            // After a cut, the set's watch and its clients' come back together: a client
+            // waits for the set rather than going to the cloud (while the cloud answers).
+            State::Filling | State::Resuming(_)
+                if self.cloud.healthy() && set.current_within(FRESH_WAIT).await => {}
             State::Filling => {
                 return Err(format!(
                     "the node-level set was not listed within {} s",
@@ -254,7 +257,9 @@ impl Shared {
                 )
                 .into());
             }
-            State::Broken(why) => return Err(format!("the node-level set: {why}").into()),
+            State::Resuming(why) | State::Broken(why) => {
+                return Err(format!("the node-level set: {why}").into());
+            }
         }
         let watch = info.verb == "watch";
         let rv = param(query, "resourceVersion");

@@ -48,7 +48,10 @@ pub enum State {
     Filling,
     /// Listed, and its cloud watch is open.
     Current,
-    /// The cloud watch broke or the cloud refused the list; why.
+    /// Listed, and its cloud watch broke (why); it is being opened again from the set's
+    /// resourceVersion, which the cloud's reconnecting clients resume from too.
+    Resuming(String),
+    /// Not listed, or the cloud refused the list; why.
     Broken(String),
 }
 
@@ -129,6 +132,8 @@ impl Set {
 
     pub fn set_state(&self, state: State) {
         self.lock().state = state;
+        // Readers waiting for the set to be current look again.
+        self.progress.send_modify(|_| ());
     }
 
     pub fn rv(&self) -> u64 {
@@ -266,8 +271,8 @@ impl Set {
     }
 
     /// Waits until the set is listed and its watch open (true), or `limit` is up (false):
-    /// a client that comes while the set is first listed is answered from it rather than
-    /// sent to the cloud for the same list.
+    /// a client that comes while the set is first listed, or while its watch is opened
+    /// again, is answered from it rather than sent to the cloud for the same list.
     pub async fn current_within(&self, limit: Duration) -> bool {
         let mut progress = self.progress.subscribe();
         let current = async {
@@ -301,6 +306,7 @@ impl Set {
             state: match &inner.state {
                 State::Filling => "filling".into(),
                 State::Current => "current".into(),
+                State::Resuming(why) => format!("resuming its watch: {why}"),
                 State::Broken(why) => format!("not current: {why}"),
             },
             objects: inner.objects.len(),

@@ -111,7 +111,11 @@ pub async fn run(set: Arc<Set>, cloud: Arc<Cloud>, path: String, mut stop: watch
             }
             Stop::Failed(why) => {
                 tracing::debug!(gvr = set.gvr, "node-level watch cache: {why}");
-                set.set_state(State::Broken(why));
+                set.set_state(if listed {
+                    State::Resuming(why)
+                } else {
+                    State::Broken(why)
+                });
                 RETRY
             }
         };
