@@ -76,9 +76,10 @@ def request(ctx, port, method, path, token, body=None, accept="application/json"
         return e.code, e.read()
 
 
-def start_cloud(procs, peers, etcd_port, api_port, token, ctx):
-    """etcd and the kit's kube-apiserver (Node,RBAC) on loopback, once /readyz answers;
-    returns the apiserver's process."""
+def start_cloud(procs, peers, etcd_port, api_port, token, ctx, extra=(), env=None):
+    """etcd and the kit's kube-apiserver (Node,RBAC, then `extra` arguments; `env` for
+    PEERS_PKI and the like) on loopback, once /readyz answers; returns the apiserver's
+    process."""
     etcd = next(f for f in os.listdir(f"{peers}/bin") if f.startswith("etcd-"))
     procs.start([f"{peers}/bin/{etcd}", "--data-dir", f"{procs.work}/etcd",
                  "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
@@ -87,7 +88,7 @@ def start_cloud(procs, peers, etcd_port, api_port, token, ctx):
                 "etcd.log")
     wait_port(etcd_port, "etcd")
     apiserver = procs.start([f"{peers}/tools/start-apiserver.sh", f"http://127.0.0.1:{etcd_port}", str(api_port),
-                             "Node,RBAC"], "apiserver.log")
+                             "Node,RBAC", *extra], "apiserver.log", env=env)
     wait_port(api_port, "kube-apiserver", 120)
     end = time.time() + 120
     while request(ctx, api_port, "GET", "/readyz", token)[0] != 200:

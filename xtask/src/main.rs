@@ -12,6 +12,7 @@ mod demo;
 mod image;
 mod reflector;
 mod relay;
+mod relay_cmd;
 mod soak;
 
 use std::{
@@ -34,6 +35,13 @@ commands:
                layout (OUT/oci) and an archive for docker load and ctr images import
                (OUT/hub.tar); --tag NAME:TAG (default registry.local/hub:VERSION),
                --out OUT (default target/image)
+  relay        the bench's cuttable, counting link as a process, for checks by hand:
+               --pair NAME:PORT:TARGET_PORT (repeatable; loopback both sides) --report PATH
+               [--cut-every S (0: never; default 600)] [--cut-seconds S (default 30)]
+               [--first-cut S (default: cut-every)] [--cuts N (default: no limit)]
+               [--minutes N (default 60)]; every pair
+               goes silent at once (packets held, then open connections reset); one JSON
+               line per pair to PATH every 5 s and at each change of the link
   demo         the system end to end on this machine, in throwaway namespaces (root);
                --step pauses between steps
   bench WHAT   release-build benchmarks as ratios against direct, same run
@@ -79,6 +87,7 @@ fn main() {
         Some("lint") => lint(),
         Some("bench") => bench_cmd(&args[1..]),
         Some("image") => image::run(&args[1..]),
+        Some("relay") => relay_cmd::run(&args[1..]),
         Some("kube-schema") => kube_script("generate.py", &[]),
         Some("kube-oracle") => kube_script("oracle.py", &args[1..]),
         Some("kube-storage") => {
