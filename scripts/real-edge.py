@@ -39,8 +39,10 @@ CUT_SECONDS = 30
 SETTLE = 180
 IMAGE = "registry.local/sleep:1"
 PAUSE = "registry.local/pause:1"
-NODES = [("direct", "edge-node-0", "real-edge-a", "kube-proxy-a"),
-         ("hub", "edge-node-1", "real-edge-b", "kube-proxy-b")]
+# (side, node, network namespace, kube-proxy's user); the namespaces are named per run, so
+# that two runs can go side by side.
+NODES = [("direct", "edge-node-0", f"real-edge-{os.getpid()}-a", "kube-proxy-a"),
+         ("hub", "edge-node-1", f"real-edge-{os.getpid()}-b", "kube-proxy-b")]
 # Each node's address, on a dummy interface inside its own namespace (a kubelet refuses a
 # loopback node IP); data in the Node objects, never dialled.
 NODE_IP = {"edge-node-0": "10.250.0.10", "edge-node-1": "10.250.0.11"}
