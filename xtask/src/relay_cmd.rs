@@ -101,3 +101,50 @@ pub fn run(args: &[String]) -> Result<()> {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_run_reports_one_line_per_pair_and_refuses_a_malformed_pair() {
+        let dir = std::env::temp_dir().join(format!("relay-cmd-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let report = dir.join("report.jsonl");
+        let (a, b) = (
+            hub_tests::ports::free_port().to_string(),
+            hub_tests::ports::free_port().to_string(),
+        );
+        let pair = |name: &str, port: &str| format!("{name}:{port}:1");
+        run(&args(&[
+            "--pair",
+            &pair("direct", &a),
+            "--pair",
+            &pair("hub", &b),
+            "--report",
+            report.to_str().unwrap(),
+            "--minutes",
+            "0",
+        ]))
+        .unwrap();
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&report)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let pairs: Vec<_> = lines.iter().map(|l| l["pair"].as_str().unwrap()).collect();
+        assert_eq!(pairs, ["direct", "hub"]);
+        assert!(
+            lines
+                .iter()
+                .all(|l| l["to_cloud"] == 0 && l["silent"] == false)
+        );
+        let err = run(&args(&["--pair", "direct:1", "--report", "x"])).unwrap_err();
+        assert!(err.to_string().contains("NAME:PORT:TARGET_PORT"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
