@@ -358,6 +358,7 @@ class Node:
         self.d = f"{work}/{side}"
         self.sock = f"{self.d}/containerd.sock"
         self.listener = None
+        self.containers = []
 
     def make(self, pki, proxy_token, upstream_port):
         """The namespace, its way out to `upstream_port`, and the node's configuration."""
@@ -429,6 +430,9 @@ class Node:
                 for addr, chain in svc_chain.items()}
 
     def stop_pods_and_runtime(self, cloud):
+        # Sandboxes and containers alike; their cgroups are this run's to remove.
+        self.containers = subprocess.run(["ctr", "--address", self.sock, "-n", "k8s.io", "containers", "ls", "-q"],
+                                         capture_output=True, text=True).stdout.split()
         for p in cloud("GET", f"/api/v1/pods?fieldSelector=spec.nodeName={self.name}")["items"]:
             cloud("DELETE", f"/api/v1/namespaces/default/pods/{p['metadata']['name']}?gracePeriodSeconds=0",
                   ok=(200, 404))
@@ -579,19 +583,26 @@ def main():
         procs.stop()
         for n in nodes:
             n.remove()
-        remove_cgroups(set(glob.glob("/sys/fs/cgroup/*/k8s.io")) - cgroups_before)
+        remove_cgroups({id for n in nodes for id in n.containers}, cgroups_before)
         print(f"real-edge: logs in {work}", flush=True)
 
 
-def remove_cgroups(made):
-    """The runtimes' cgroup trees (`k8s.io` under each hierarchy), once their containers
-    are gone: only empty directories go."""
-    for top in made:
-        for d, _, _ in sorted(os.walk(top), key=lambda w: -w[0].count("/")):
+def remove_cgroups(ids, tops_before):
+    """The cgroups of the containers this run's runtimes ran (`k8s.io/<id>` under each
+    hierarchy), once they are gone, and `k8s.io` itself where this run made it and it is
+    empty: another run's containers may share it."""
+    for d in sorted(glob.glob("/sys/fs/cgroup/*/k8s.io")):
+        for id in ids:
+            if os.path.isdir(f"{d}/{id}"):
+                try:
+                    os.rmdir(f"{d}/{id}")
+                except OSError as e:
+                    print(f"cleanup: {d}/{id}: {e}", file=sys.stderr)
+        if d not in tops_before:
             try:
                 os.rmdir(d)
-            except OSError as e:
-                print(f"cleanup: {d}: {e}", file=sys.stderr)
+            except OSError:
+                pass  # still used by another run's containers
 
 
 def node_conditions(cloud, name):
