@@ -63,11 +63,12 @@ def wait_port(port, what, secs=60):
     raise SystemExit(f"{what} did not listen on {port}")
 
 
-def request(ctx, port, method, path, token, body=None, accept="application/json", timeout=30):
+def request(ctx, port, method, path, token, body=None, accept="application/json", timeout=30,
+            content_type="application/json"):
     """(status, body) of one HTTPS request to 127.0.0.1:`port`, errors included."""
     req = urllib.request.Request(f"https://127.0.0.1:{port}{path}", method=method,
                                  data=json.dumps(body).encode() if body else None,
-                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": content_type,
                                           "Accept": accept})
     try:
         with urllib.request.urlopen(req, context=ctx, timeout=timeout) as r:

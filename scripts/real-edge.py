@@ -29,7 +29,7 @@ directory (also printed): bytes each way and connections per side (from the rela
 requests by verb and by client and the relists (LISTs and streamed lists) per side (from
 the apiserver's audit log), and each side's ratio to direct.
 REAL_EDGE_CONTAINERD_LOG=debug gives the runtimes' debug log."""
-import ctypes, glob, hashlib, io, json, os, shutil, socket, ssl, subprocess, sys, tarfile, tempfile, threading, time, urllib.request
+import ctypes, glob, hashlib, io, json, os, shutil, socket, ssl, subprocess, sys, tarfile, tempfile, threading, time
 from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -103,12 +103,12 @@ class Cloud:
         return json.loads(out) if out else None
 
     def patch(self, path, body):
-        req_body = json.dumps(body).encode()
-        req = urllib.request.Request(f"https://127.0.0.1:{self.port}{path}", method="PATCH", data=req_body,
-                                     headers={"Authorization": f"Bearer {self.token}",
-                                              "Content-Type": "application/merge-patch+json"})
-        with urllib.request.urlopen(req, context=self.ctx, timeout=30) as r:
-            return json.loads(r.read())
+        """A JSON merge patch."""
+        status, out = request(self.ctx, self.port, "PATCH", path, self.token, body,
+                              content_type="application/merge-patch+json")
+        if status != 200:
+            raise SystemExit(f"PATCH {path}: {status} {out[:300]!r}")
+        return json.loads(out)
 
 
 def service(i):

@@ -39,9 +39,9 @@ commands:
                --pair NAME:PORT:TARGET_PORT (repeatable; loopback both sides) --report PATH
                [--cut-every S (0: never; default 600)] [--cut-seconds S (default 30)]
                [--first-cut S (default: cut-every)] [--cuts N (default: no limit)]
-               [--minutes N (default 60)]; every pair
-               goes silent at once (packets held, then open connections reset); one JSON
-               line per pair to PATH every 5 s and at each change of the link
+               [--minutes N (default 60)]; every pair goes silent at once (packets
+               held, then open connections reset); one JSON line per pair to PATH every
+               5 s and at each change of the link
   demo         the system end to end on this machine, in throwaway namespaces (root);
                --step pauses between steps
   bench WHAT   release-build benchmarks as ratios against direct, same run
