@@ -300,6 +300,23 @@ fn set_current(hub: &hub_tests::hub::HubProc, kubelet: &Client) {
     );
 }
 
+/// The kubelet lists `path` (200), the node's set becomes current; the list's
+/// resourceVersion.
+fn listed_from_a_current_set(
+    hub: &hub_tests::hub::HubProc,
+    kubelet: &Client,
+    path: &str,
+) -> String {
+    let list = get(kubelet, path);
+    assert_eq!(list.status, 200);
+    set_current(hub, kubelet);
+    let list: Value = serde_json::from_slice(&list.body).unwrap();
+    list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 /// Waits until the node's set of services has applied `events` changes in all.
 fn set_events_reach(hub: &hub_tests::hub::HubProc, events: u64) {
     wait_for(
@@ -392,14 +409,7 @@ fn a_watch_resumes_from_the_set_and_below_its_window_gets_410() {
     let hub = s.start_hub();
     let [kubelet, ..] = clients(&s, s.hub_addr());
     let admin = Client::new(s.cloud.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
-    let list = get(&kubelet, "/api/v1/namespaces/ns1/services");
-    assert_eq!(list.status, 200);
-    set_current(&hub, &kubelet);
-    let rv: Value = serde_json::from_slice(&list.body).unwrap();
-    let rv = rv["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let rv = listed_from_a_current_set(&hub, &kubelet, "/api/v1/namespaces/ns1/services");
     // Changes after that resourceVersion, while the client is away.
     let svc = json!({"apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "later", "namespace": "ns1"}, "spec": {"ports": [{"port": 82}]}});
@@ -463,14 +473,7 @@ fn a_watch_resumed_while_the_set_s_own_watch_reopens_comes_from_the_set() {
     let [kubelet, ..] = clients(&s, s.hub_addr());
     let admin = Client::new(s.cloud.addr, s.ca.cert_der(), Some(ADMIN_TOKEN), None);
     let path = "/api/v1/namespaces/ns1/services";
-    let list = get(&kubelet, path);
-    assert_eq!(list.status, 200);
-    set_current(&hub, &kubelet);
-    let rv: Value = serde_json::from_slice(&list.body).unwrap();
-    let rv = rv["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let rv = listed_from_a_current_set(&hub, &kubelet, path);
     // The kubelet's watch once, so the cloud has answered its credential's watch.
     drop(kubelet.watch_from(path, &rv));
     let set_state = || {
