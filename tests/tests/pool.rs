@@ -1392,11 +1392,16 @@ fn a_resource_configured_not_pushed_never_reaches_the_pool() {
             .unwrap();
         assert_eq!(r.status, 200, "{path}");
     }
-    // One pass pushes its sets one after another (nodes before pods): wait for the pods.
+    // The Node is read last, so a pass may push the pods before the Node is cached:
+    // wait for both.
     wait_for(
-        "the pods pushed to the pool",
+        "the pods and the Node pushed to the pool",
         Duration::from_secs(60),
-        || (!etcd.keys("/registry/pods/").is_empty()).then_some(()),
+        || {
+            (!etcd.keys("/registry/pods/").is_empty()
+                && !etcd.keys("/registry/minions/").is_empty())
+            .then_some(())
+        },
     );
     assert_eq!(etcd.keys("/registry/pods/"), ["/registry/pods/default/app"]);
     assert_eq!(
