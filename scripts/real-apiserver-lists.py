@@ -8,6 +8,9 @@ usage: real-apiserver-lists.py PEERS_DIR HUB_BIN ROUNDS LISTS [HUB2_BIN]
   PROFILE=json|protobuf  perf-record the hub and nginx over 20 lists instead
   STRACE=json|protobuf   count the hub's and nginx's system calls over 5 lists instead
   RECORD=1               print how the apiserver chunks the list over HTTP/1.1 instead
+  COMPARE=1              check that every base answers the same list instead (JSON items
+                         with the list's resourceVersion set aside; protobuf byte for byte)
+  HUB2_CACHES_NOTHING=1  the second hub caches no component (what caching costs)
 Starts etcd, kube-apiserver, the hub(s) and nginx on loopback ports 52379, 36443,
 10443/10453 and 10544, and stops them all by PID. Per round, every base lists in a
 shuffled order, each opened by one unmeasured list; CPU is the processes' schedstat.
@@ -74,22 +77,52 @@ def pod(i):
                      "tolerations": [{"key": "edge", "operator": "Exists", "effect": "NoSchedule"}]}}
 
 
-def curl_lists(port, accept, n, ua):
-    """n lists over one HTTP/2 connection; seconds each."""
+def curl_lists(port, accept, n, ua, first_bytes=None):
+    """n lists over one HTTP/2 connection; seconds each (and to each one's first byte,
+    appended to `first_bytes`)."""
     url = f"https://127.0.0.1:{port}/api/v1/namespaces/bench/pods"
     args = ["curl", "-s", "--http2", "--cacert", f"{PKI}/ca.crt", "-H", f"Authorization: Bearer {TOKEN}",
-            "-H", f"Accept: {accept}", "-H", f"User-Agent: {ua}", "-w", "%{time_total} %{size_download} %{http_code}\n"]
+            "-H", f"Accept: {accept}", "-H", f"User-Agent: {ua}", "-w", "%{time_total} %{size_download} %{http_code} %{time_starttransfer}\n"]
     for _ in range(n):
         args += ["-o", "/dev/null", url]
     out = subprocess.run(args, capture_output=True, text=True, timeout=600).stdout.split("\n")
     times = []
     for line in out:
         if line.strip():
-            t, size, code = line.split()
+            t, size, code, first = line.split()
             assert code == "200", line
             times.append(float(t))
+            if first_bytes is not None:
+                first_bytes.append(float(first))
     assert len(times) == n, out
     return times
+
+
+def ratios(values, against):
+    """The median of the per-round ratios, and their range."""
+    r = [v / a for v, a in zip(values, against)]
+    return f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})"
+
+
+def compare_bodies(bases, encodings, ua):
+    """One list from every base per encoding: the same objects everywhere, or it fails."""
+    for enc, accept in encodings.items():
+        seen = {}
+        for label, (port, _) in bases.items():
+            out = f"{work}/{label}.{enc}"
+            subprocess.run(["curl", "-s", "--http2", "--cacert", f"{PKI}/ca.crt", "-H", f"Authorization: Bearer {TOKEN}",
+                            "-H", f"Accept: {accept}", "-H", f"User-Agent: {ua}", "-o", out,
+                            f"https://127.0.0.1:{port}/api/v1/namespaces/bench/pods"], check=True, timeout=600)
+            body = open(out, "rb").read()
+            if enc == "json":
+                doc = json.loads(body)
+                doc["metadata"].pop("resourceVersion", None)
+                body = json.dumps(doc, sort_keys=True).encode()
+            seen[label] = body
+        same = all(b == seen["direct"] for b in seen.values())
+        print(f"{enc}: " + ", ".join(f"{l} {len(b)} bytes" for l, b in seen.items())
+              + (": all the same" if same else ": THEY DIFFER"))
+        assert same, f"{enc} lists differ between bases"
 
 
 try:
@@ -142,7 +175,10 @@ try:
         if not binary:
             continue
         os.makedirs(f"{work}/{label}", exist_ok=True)
-        cfg = hub_yaml(PKI, API_PORT, port, admin, f"{work}/{label}/cache", "  sharedResources: []\n")
+        extra = "  sharedResources: []\n"
+        if label == "hub2" and os.environ.get("HUB2_CACHES_NOTHING"):
+            extra += "  components: [nothing]\n"
+        cfg = hub_yaml(PKI, API_PORT, port, admin, f"{work}/{label}/cache", extra)
         open(f"{work}/{label}/hub.yaml", "w").write(cfg)
         h = start([binary, "run", "--config", f"{work}/{label}/hub.yaml"], f"{label}.log")
         wait_port(port, label)
@@ -182,6 +218,9 @@ http {{
     for label, (port, _) in bases.items():
         for accept in encodings.values():
             curl_lists(port, accept, 2, ua)
+    if os.environ.get("COMPARE"):
+        compare_bodies(bases, encodings, ua)
+        raise SystemExit(0)
     if os.environ.get("PROFILE"):
         enc = os.environ["PROFILE"]
         for label in ("hub", "nginx"):
@@ -226,12 +265,14 @@ http {{
                 curl_lists(port, accept, 1, ua)
                 time.sleep(1)
                 before, api_before = cpu_ns(pids), cpu_ns([apiserver.pid])
-                times = curl_lists(port, accept, LISTS, ua)
+                first_bytes = []
+                times = curl_lists(port, accept, LISTS, ua, first_bytes)
                 cpu = (cpu_ns(pids) - before) / LISTS / 1e6
                 api_cpu = (cpu_ns([apiserver.pid]) - api_before) / LISTS / 1e6
-                r = results.setdefault((enc, label), {"cpu": [], "p50": [], "api": []})
+                r = results.setdefault((enc, label), {"cpu": [], "p50": [], "first_byte": [], "api": []})
                 r["cpu"].append(cpu)
                 r["p50"].append(statistics.median(times) * 1000)
+                r["first_byte"].append(statistics.median(first_bytes) * 1000)
                 r["api"].append(api_cpu)
                 print(f"round {rnd} {enc:8} {label:6} proxy CPU/list {cpu if label != 'direct' else 0:6.1f} ms  "
                       f"p50 {statistics.median(times) * 1000:6.1f} ms  apiserver CPU/list {api_cpu:6.1f} ms", flush=True)
@@ -240,6 +281,13 @@ http {{
         rng_ = lambda v: f"{min(v):.1f}-{max(v):.1f}"
         cpu = "-" if label == "direct" else rng_(r["cpu"])
         print(f"{version} {enc:8} {label:6} proxy {cpu:>12}  p50 {rng_(r['p50']):>12}  apiserver {rng_(r['api']):>12}")
+    print("\nmedians of the per-round ratios (range): CPU against nginx's, p50 against direct's;"
+          " time to the first byte, ms")
+    for (enc, label), r in sorted(results.items()):
+        nginx, direct = results.get((enc, "nginx")), results[(enc, "direct")]
+        cpu = ratios(r["cpu"], nginx["cpu"]) if nginx and label != "direct" else "-"
+        print(f"{version} {enc:8} {label:6} CPU {cpu:>18}  p50 {ratios(r['p50'], direct['p50']):>18}"
+              f"  first byte {statistics.median(r['first_byte']):6.1f}")
     json.dump({f"{e}/{l}": r for (e, l), r in results.items()}, open(f"{work}/results.json", "w"))
     print(f"raw: {work}/results.json")
 finally:
