@@ -11,6 +11,7 @@ usage: real-apiserver-lists.py PEERS_DIR HUB_BIN ROUNDS LISTS [HUB2_BIN]
   COMPARE=1              check that every base answers the same list instead (JSON items
                          with the list's resourceVersion set aside; protobuf byte for byte)
   HUB2_CACHES_NOTHING=1  the second hub caches no component (what caching costs)
+  GET=1                  GETs of one pod instead of lists (LISTS GETs a round, one connection)
 Starts etcd, kube-apiserver, the hub(s) and nginx on loopback ports 52379, 36443,
 10443/10453 and 10544, and stops them all by PID. Per round, every base lists in a
 shuffled order, each opened by one unmeasured list; CPU is the processes' schedstat.
@@ -20,6 +21,7 @@ from peers_hub import Procs, hub_yaml, request, start_cloud, wait_port
 
 PEERS, HUB_BIN, ROUNDS, LISTS = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 HUB2_BIN = sys.argv[5] if len(sys.argv) > 5 else None
+READ = "/api/v1/namespaces/bench/pods" + ("/pod-0000" if os.environ.get("GET") else "")
 PKI = f"{PEERS}/pki"
 ETCD_PORT, API_PORT, HUB_PORT, HUB_ADMIN, NGINX_PORT = 52379, 36443, 10443, 10267, 10544
 HUB2_PORT, HUB2_ADMIN = 10453, 10277
@@ -80,7 +82,7 @@ def pod(i):
 def curl_lists(port, accept, n, ua, first_bytes=None):
     """n lists over one HTTP/2 connection; seconds each (and to each one's first byte,
     appended to `first_bytes`)."""
-    url = f"https://127.0.0.1:{port}/api/v1/namespaces/bench/pods"
+    url = f"https://127.0.0.1:{port}{READ}"
     args = ["curl", "-s", "--http2", "--cacert", f"{PKI}/ca.crt", "-H", f"Authorization: Bearer {TOKEN}",
             "-H", f"Accept: {accept}", "-H", f"User-Agent: {ua}", "-w", "%{time_total} %{size_download} %{http_code} %{time_starttransfer}\n"]
     for _ in range(n):
@@ -112,7 +114,7 @@ def compare_bodies(bases, encodings, ua):
             out = f"{work}/{label}.{enc}"
             subprocess.run(["curl", "-s", "--http2", "--cacert", f"{PKI}/ca.crt", "-H", f"Authorization: Bearer {TOKEN}",
                             "-H", f"Accept: {accept}", "-H", f"User-Agent: {ua}", "-o", out,
-                            f"https://127.0.0.1:{port}/api/v1/namespaces/bench/pods"], check=True, timeout=600)
+                            f"https://127.0.0.1:{port}{READ}"], check=True, timeout=600)
             body = open(out, "rb").read()
             if enc == "json":
                 doc = json.loads(body)
@@ -274,7 +276,7 @@ http {{
                 r["p50"].append(statistics.median(times) * 1000)
                 r["first_byte"].append(statistics.median(first_bytes) * 1000)
                 r["api"].append(api_cpu)
-                print(f"round {rnd} {enc:8} {label:6} proxy CPU/list {cpu if label != 'direct' else 0:6.1f} ms  "
+                print(f"round {rnd} {enc:8} {label:6} proxy CPU/list {cpu if label != 'direct' else 0:7.3f} ms  "
                       f"p50 {statistics.median(times) * 1000:6.1f} ms  apiserver CPU/list {api_cpu:6.1f} ms", flush=True)
     print("\nsummary (ranges over rounds): proxy CPU per list, p50 latency, apiserver CPU per list (ms)")
     for (enc, label), r in sorted(results.items()):
