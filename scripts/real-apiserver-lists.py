@@ -5,8 +5,8 @@ HTTP/1.1 keep-alive upstream, no buffering). By hand, outside CI: the apiserver 
 from ../shared/peers (PEERS_DIR holds bin/kube-apiserver, bin/etcd-*, pki/, tools/).
 
 usage: real-apiserver-lists.py PEERS_DIR HUB_BIN ROUNDS LISTS [HUB2_BIN]
-  PROFILE=json|protobuf  perf-record the hub and nginx over 20 lists instead
-  STRACE=json|protobuf   count the hub's and nginx's system calls over 5 lists instead
+  PROFILE=json|protobuf  perf-record the hub and nginx over LISTS reads instead
+  STRACE=json|protobuf   count the hub's and nginx's system calls over LISTS reads instead
   RECORD=1               print how the apiserver chunks the list over HTTP/1.1 instead
   COMPARE=1              check that every base answers the same list instead (JSON items
                          with the list's resourceVersion set aside; protobuf byte for byte)
@@ -232,7 +232,7 @@ http {{
             perf = subprocess.Popen(["perf", "record", "-F", "1999", "-g", "-p", ",".join(map(str, pids)), "-o", data],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1)
-            curl_lists(port, encodings[enc], 20, ua)
+            curl_lists(port, encodings[enc], LISTS, ua)
             perf.send_signal(signal.SIGINT)
             perf.wait()
             subprocess.run(f"perf report -i {data} --no-children --percent-limit 0.5 --stdio -g none > {work}/perf-{label}.txt 2>/dev/null", shell=True)
@@ -247,10 +247,10 @@ http {{
             st = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", f"{work}/strace-{label}.txt"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1)
-            curl_lists(port, encodings[enc], 5, ua)
+            curl_lists(port, encodings[enc], LISTS, ua)
             st.send_signal(signal.SIGINT)
             st.wait()
-            print(f"== {label} (5 {enc} lists)")
+            print(f"== {label} ({LISTS} {enc} reads)")
             print(open(f"{work}/strace-{label}.txt").read())
         raise SystemExit(0)
     results = {}
