@@ -6,6 +6,7 @@ from ../shared/peers (PEERS_DIR holds bin/kube-apiserver, bin/etcd-*, pki/, tool
 
 usage: real-apiserver-lists.py PEERS_DIR HUB_BIN ROUNDS LISTS [HUB2_BIN]
   PROFILE=json|protobuf  perf-record the hub and nginx over LISTS reads instead
+                         (DWARF=1: with DWARF call graphs, whose inclusive shares are whole)
   STRACE=json|protobuf   count the hub's and nginx's system calls over LISTS reads instead
   RECORD=1               print how the apiserver chunks the list over HTTP/1.1 instead
   COMPARE=1              check that every base answers the same list instead (JSON items
@@ -229,7 +230,8 @@ http {{
             port, pids = bases[label]
             curl_lists(port, encodings[enc], 3, ua)
             data = f"{work}/perf-{label}.data"
-            perf = subprocess.Popen(["perf", "record", "-F", "1999", "-g", "-p", ",".join(map(str, pids)), "-o", data],
+            graph = ["-F", "999", "--call-graph", "dwarf,16384"] if os.environ.get("DWARF") else ["-F", "1999", "-g"]
+            perf = subprocess.Popen(["perf", "record", *graph, "-p", ",".join(map(str, pids)), "-o", data],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1)
             curl_lists(port, encodings[enc], LISTS, ua)
