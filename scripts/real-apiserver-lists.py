@@ -80,12 +80,17 @@ def pod(i):
                      "tolerations": [{"key": "edge", "operator": "Exists", "effect": "NoSchedule"}]}}
 
 
+def curl(accept, ua):
+    """curl over HTTP/2 as the measured client: the CA, the token, Accept, User-Agent."""
+    return ["curl", "-s", "--http2", "--cacert", f"{PKI}/ca.crt", "-H", f"Authorization: Bearer {TOKEN}",
+            "-H", f"Accept: {accept}", "-H", f"User-Agent: {ua}"]
+
+
 def curl_lists(port, accept, n, ua, first_bytes=None):
     """n lists over one HTTP/2 connection; seconds each (and to each one's first byte,
     appended to `first_bytes`)."""
     url = f"https://127.0.0.1:{port}{READ}"
-    args = ["curl", "-s", "--http2", "--cacert", f"{PKI}/ca.crt", "-H", f"Authorization: Bearer {TOKEN}",
-            "-H", f"Accept: {accept}", "-H", f"User-Agent: {ua}", "-w", "%{time_total} %{size_download} %{http_code} %{time_starttransfer}\n"]
+    args = curl(accept, ua) + ["-w", "%{time_total} %{size_download} %{http_code} %{time_starttransfer}\n"]
     for _ in range(n):
         args += ["-o", "/dev/null", url]
     out = subprocess.run(args, capture_output=True, text=True, timeout=600).stdout.split("\n")
@@ -113,9 +118,7 @@ def compare_bodies(bases, encodings, ua):
         seen = {}
         for label, (port, _) in bases.items():
             out = f"{work}/{label}.{enc}"
-            subprocess.run(["curl", "-s", "--http2", "--cacert", f"{PKI}/ca.crt", "-H", f"Authorization: Bearer {TOKEN}",
-                            "-H", f"Accept: {accept}", "-H", f"User-Agent: {ua}", "-o", out,
-                            f"https://127.0.0.1:{port}{READ}"], check=True, timeout=600)
+            subprocess.run(curl(accept, ua) + ["-o", out, f"https://127.0.0.1:{port}{READ}"], check=True, timeout=600)
             body = open(out, "rb").read()
             if enc == "json":
                 doc = json.loads(body)
